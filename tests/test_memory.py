@@ -1,0 +1,220 @@
+"""mshelpers.memory: formulas on hand-worked cases, the estimator's bookkeeping, errors, and measure_peak."""
+from __future__ import annotations
+
+import doctest
+from types import SimpleNamespace
+
+import pytest
+
+from mshelpers import memory
+from mshelpers.config import RunConfig
+from mshelpers.memory import (activation_bytes_per_layer, estimate, fits, llama_param_count,
+                              max_batch_for_budget, measure_peak, model_state_breakdown,
+                              model_state_bytes, output_activation_bytes)
+
+MINI = RunConfig.preset("mini")
+
+
+# ---------------------------------------------------------------- parameter count
+def test_param_count_presets():
+    assert llama_param_count(MINI) == 3_688_704
+    # tiny: 2·256·64 + 2·(4·64² + 3·64·172 + 2·64) + 64
+    assert llama_param_count(RunConfig.preset("tiny")) == 32_768 + 2 * (16_384 + 33_024 + 128) + 64
+    # LLaMA-2 7B as released: 6,738,415,616 parameters
+    assert llama_param_count(RunConfig.preset("llama2-7b")) == 6_738_415_616
+
+
+# ---------------------------------------------------------------- model states
+@pytest.mark.parametrize("stage,expected", [
+    (0, 16_000),                 # 16Ψ
+    (1, 4_000 + 12_000 // 4),    # 4Ψ + 12Ψ/N
+    (2, 2_000 + 14_000 // 4),    # 2Ψ + 14Ψ/N
+    (3, 16_000 // 4),            # 16Ψ/N
+])
+def test_zero_stages_mixed_adam(stage, expected):
+    assert model_state_bytes(1000, zero_stage=stage, dp=4) == expected
+
+
+def test_zero_shards_in_order_optimizer_then_grads_then_params():
+    assert model_state_breakdown(1000, zero_stage=1, dp=4) == {"params": 2000, "grads": 2000, "optimizer_states": 3000}
+    assert model_state_breakdown(1000, zero_stage=2, dp=4) == {"params": 2000, "grads": 500, "optimizer_states": 3000}
+    assert model_state_breakdown(1000, zero_stage=3, dp=4) == {"params": 500, "grads": 500, "optimizer_states": 3000}
+
+
+def test_other_accountings():
+    assert model_state_bytes(1000, accounting="fp32") == 16_000
+    assert model_state_breakdown(1000, accounting="fp32", zero_stage=1, dp=4)["optimizer_states"] == 2000
+    assert model_state_bytes(1000, accounting="fp32_grads") == 18_000
+    # Megatron's distributed optimizer: 6 + 12/dp bytes per parameter
+    assert model_state_bytes(1000, accounting="fp32_grads", zero_stage=1, dp=4) == 6000 + 3000
+
+
+def test_seven_b_is_112_gb_and_dp_one_means_no_sharding():
+    assert model_state_bytes(7 * 10**9) == 112 * 10**9
+    assert model_state_bytes(1000, zero_stage=3, dp=1) == model_state_bytes(1000)
+
+
+def test_shards_round_up_to_whole_bytes():
+    # Ψ=10 over 3 ranks: ceil(20/3)=7, ceil(20/3)=7, ceil(120/3)=40
+    assert model_state_bytes(10, zero_stage=3, dp=3) == 54
+
+
+# ---------------------------------------------------------------- activations
+S, B, H, A = 128, 8, 256, 4
+SBH = S * B * H            # 262,144; 5·a·s/h = 10
+
+
+@pytest.mark.parametrize("kw,expected", [
+    ({}, SBH * 44),                                                   # sbh(34 + 5as/h)
+    ({"recompute": "selective"}, SBH * 34),                           # drops 5as/h
+    ({"recompute": "full"}, SBH * 2),                                 # layer input only
+    ({"tp": 2}, SBH * (10 + 12 + 5)),                                 # sbh(10 + 24/t + 5as/(ht))
+    ({"tp": 2, "recompute": "selective"}, SBH * 22),
+    ({"tp": 2, "sequence_parallel": True}, SBH * 44 // 2),            # sbh(34 + 5as/h)/t
+    ({"tp": 2, "sequence_parallel": True, "recompute": "selective"}, SBH * 34 // 2),
+    ({"tp": 2, "sequence_parallel": True, "recompute": "full"}, SBH),
+    ({"bytes_per_value": 4}, SBH * 88),                               # fp32 doubles everything
+])
+def test_activation_cases(kw, expected):
+    assert activation_bytes_per_layer(S, B, H, A, **kw) == expected
+
+
+def test_activations_are_linear_in_batch_and_quadratic_term_in_seq():
+    one = activation_bytes_per_layer(S, 1, H, A)
+    assert activation_bytes_per_layer(S, 8, H, A) == 8 * one
+    # doubling s doubles the 34 term and quadruples the attention term
+    assert activation_bytes_per_layer(2 * S, 1, H, A) == 2 * S * H * 34 + 4 * S * H * 10
+
+
+def test_output_activations():
+    assert output_activation_bytes(128, 8, 1024) == 4 * 128 * 8 * 1024
+    assert output_activation_bytes(128, 8, 1024, tp=2, bytes_per_value=4) == 4 * 128 * 8 * 1024
+
+
+# ---------------------------------------------------------------- estimate
+def test_estimate_mini_fp32_by_hand():
+    e = estimate(MINI)
+    n = 3_688_704
+    assert (e["n_params"], e["params"], e["grads"], e["optimizer_states"]) == (n, 4 * n, 4 * n, 8 * n)
+    per_layer = SBH * 44 * 2                     # fp32: 4 bytes per value
+    assert e["activations_per_layer"] == per_layer
+    assert e["output_activations"] == 8 * 128 * 8 * 1024
+    assert e["activations"] == 4 * per_layer + 8 * 128 * 8 * 1024
+    assert e["total"] == 16 * n + e["activations"] == 159_682_560
+    assert e["grad_accum_buffer"] == 0 and e["host_optimizer_states"] == 0
+    # attention scores b·a·s²·4 = 2 MiB < logits s·b·V·4 = 4 MiB
+    assert e["largest_activation"] == 128 * 8 * 1024 * 4
+
+
+def test_estimate_half_precision_uses_mixed_adam_and_two_byte_activations():
+    e = estimate(MINI.replace(compute_dtype="float16"))
+    assert e["params"] == 2 * 3_688_704 and e["optimizer_states"] == 12 * 3_688_704
+    assert e["activations_per_layer"] == SBH * 44
+
+
+def test_estimate_data_parallel_splits_the_batch_and_zero_shards_states():
+    one = estimate(MINI)
+    two = estimate(MINI, n_devices=2, zero_stage=1)
+    assert two["activations_per_layer"] * 2 == one["activations_per_layer"]
+    assert two["optimizer_states"] * 2 == one["optimizer_states"]
+    assert two["params"] == one["params"]
+
+
+def test_estimate_layout_object_tp_and_pipeline():
+    lay = SimpleNamespace(dp=1, mp=2, pp=2, micro_batches=4)
+    e = estimate(MINI, layout=lay)
+    assert e["params"] == 4 * (3_688_704 // 4)            # weights split over tp·pp = 4
+    b = MINI.batch_size // 4                               # micro-batch 2
+    per_layer = activation_bytes_per_layer(128, b, 256, 4, tp=2, bytes_per_value=4)
+    assert e["activations_per_layer"] == per_layer
+    # first stage: L/pp = 2 layers, min(pp, m) = 2 micro-batches in flight
+    assert e["activations"] == per_layer * 2 * 2 + output_activation_bytes(128, b, 1024, tp=2, bytes_per_value=4)
+    # a layout spelled with tp instead of mp works too
+    assert estimate(MINI, layout=SimpleNamespace(dp=1, tp=2, pp=2, micro_batches=4)) == e
+
+
+def test_estimate_grad_accum_offload_and_overhead():
+    acc = estimate(MINI.replace(grad_accum=2))
+    assert acc["grad_accum_buffer"] == acc["grads"]
+    off = estimate(MINI, offload_optimizer=True)
+    assert off["optimizer_states"] == 0 and off["host_optimizer_states"] == 8 * 3_688_704
+    assert estimate(MINI)["total"] - off["total"] == 8 * 3_688_704
+    assert estimate(MINI, overhead_bytes=10**6)["total"] == estimate(MINI)["total"] + 10**6
+
+
+def test_recompute_order():
+    totals = [estimate(MINI.replace(recompute=r))["total"] for r in ("none", "selective", "full")]
+    assert totals[0] > totals[1] > totals[2]
+
+
+# ---------------------------------------------------------------- budget
+def test_fits_and_max_batch_at_exact_budget():
+    budget = estimate(MINI)["total"]
+    assert fits(MINI, budget) and not fits(MINI, budget - 1)
+    assert max_batch_for_budget(MINI, budget) == 8
+    assert max_batch_for_budget(MINI, budget - 1) == 7
+    # dp=2: batches come in multiples of 2
+    b2 = estimate(MINI, n_devices=2)["total"]
+    assert max_batch_for_budget(MINI, b2, n_devices=2) == 8
+    assert max_batch_for_budget(MINI, b2 - 1, n_devices=2) == 6
+
+
+def test_max_batch_zero_when_states_do_not_fit_and_recompute_helps():
+    assert max_batch_for_budget(MINI, 1000) == 0
+    gib = 2**30
+    assert max_batch_for_budget(MINI.replace(recompute="full"), gib) > max_batch_for_budget(MINI, gib) > 8
+    assert max_batch_for_budget(MINI, gib, overhead_bytes=gib // 2) < max_batch_for_budget(MINI, gib)
+
+
+# ---------------------------------------------------------------- errors
+@pytest.mark.parametrize("call,field", [
+    (lambda: model_state_bytes(-1), "n_params=-1"),
+    (lambda: model_state_bytes(10, zero_stage=4), "zero_stage=4"),
+    (lambda: model_state_bytes(10, dp=0), "dp=0"),
+    (lambda: model_state_bytes(10, accounting="bf16"), "accounting='bf16'"),
+    (lambda: activation_bytes_per_layer(0, 1, 8, 2), "seq_len=0"),
+    (lambda: activation_bytes_per_layer(8, 1, 8, 2, recompute="some"), "recompute='some'"),
+    (lambda: activation_bytes_per_layer(8, 1, 8, 2, bytes_per_value=0), "bytes_per_value=0"),
+    (lambda: estimate({"hidden_size": 8}), "not a RunConfig"),
+    (lambda: estimate(MINI.replace(batch_size=0)), "batch_size=0"),
+    (lambda: estimate(MINI, n_devices=3), "batch_size=8"),
+    (lambda: estimate(MINI.replace(mp=2), n_devices=3), "n_devices=3"),
+    (lambda: estimate(MINI.replace(dp=2), n_devices=4), "cfg.dp=2"),
+    (lambda: estimate(MINI, layout=SimpleNamespace(dp=2)), "layout="),
+    (lambda: estimate(MINI, layout=SimpleNamespace(dp=2, mp=1, pp=1, micro_batches=1), n_devices=4), "n_devices=4"),
+    (lambda: estimate(MINI, overhead_bytes=-5), "overhead_bytes=-5"),
+    (lambda: fits(MINI, -1), "budget_bytes=-1"),
+    (lambda: max_batch_for_budget(MINI, "16GB"), "budget_bytes='16GB'"),
+    (lambda: llama_param_count(SimpleNamespace(hidden_size=0)), "hidden_size=0"),
+])
+def test_bad_input_raises_one_clear_value_error(call, field):
+    with pytest.raises(ValueError) as err:
+        call()
+    msg = str(err.value)
+    assert field in msg and "fix" in msg.lower() or "RunConfig." in msg and field in msg
+
+
+def test_measure_peak_rejects_functions_a_fresh_process_cannot_import():
+    with pytest.raises(ValueError, match="lambda"):
+        measure_peak(lambda: 1)
+
+    def local():
+        return 1
+    with pytest.raises(ValueError, match="closure"):
+        measure_peak(local)
+
+
+# ---------------------------------------------------------------- measurement
+def test_measure_peak_sees_an_allocation_in_a_fresh_process():
+    n = 200 * 2**20
+    r = measure_peak(memory.allocate_bytes, n)
+    assert r.value == n
+    assert r.source == "rss" and r.device_peak_bytes is None    # no MindSpore touched
+    assert r.work_rss_bytes >= n * 0.95
+    assert r.peak_bytes == r.peak_rss_bytes >= r.baseline_rss_bytes + n * 0.95
+    small = measure_peak(memory.allocate_bytes, 1 * 2**20)
+    assert small.work_rss_bytes < n / 2                          # a fresh process: no leftover peak
+
+
+def test_doctests():
+    assert doctest.testmod(memory).failed == 0
