@@ -1,0 +1,538 @@
+"""Profile a short window of training steps and turn MindSpore's profiler output into tables and a diagnosis.
+
+The profiler slows every step it records, so it should see a few steps, not a whole run:
+`profile_steps` runs `skip_first + wait + warmup + active` steps under
+`mindspore.profiler.profile(schedule=schedule(...))` and only the `active` ones are recorded.
+
+Example:
+    >>> from mshelpers.profiling import profile_steps, op_type_table, step_breakdown, diagnose
+    >>> run = profile_steps(lambda: train_step(x, y), wait=1, warmup=1, active=3,
+    ...                     output_dir="build/profile/demo")
+    >>> op_type_table(run.profile_dir)[:3]           # op types by total time
+    >>> parts = step_breakdown(run)                  # compute / communication / data / host shares
+    >>> print(diagnose(parts))                       # bottleneck class + the rule and numbers used
+
+Files read (MindSpore 2.9):
+- CPU: `<run>_ascend_ms/FRAMEWORK/cpu_op_type_info_*.csv`, `cpu_op_detail_info_*.csv`
+- Ascend: `<run>_ascend_ms/ASCEND_PROFILER_OUTPUT/op_statistic.csv`, `kernel_details.csv`
+- both: `<run>_ascend_ms/ASCEND_PROFILER_OUTPUT/trace_view.json` (Chrome trace format; open it in
+  https://ui.perfetto.dev or MindStudio Insight).
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+# Collective and point-to-point communication op names (MindSpore, HCCL and NCCL spellings).
+COMM_OP_PATTERN = re.compile(
+    r"(AllReduce|AllGather|ReduceScatter|Broadcast|AlltoAll|AllToAll|Send|Receive|Recv|"
+    r"hcom_|Hcom|HcclAll|NcclAll|MatMulAllReduce|Barrier)", re.IGNORECASE)
+
+# Trace "processes" whose complete events are operator executions.
+_OP_PROCESS_NAMES = ("CPU OP", "Ascend Hardware", "HCCL", "GPU OP")
+
+
+# ----------------------------------------------------------------------------- profiling window
+@dataclass
+class ProfileRun:
+    """What `profile_steps` measured. Times are wall-clock; windows are epoch microseconds,
+    the same clock as `trace_view.json`'s `ts`."""
+
+    profile_dir: Path                                   # the `*_ascend_ms` folder the profiler wrote
+    step_times_s: list[float]                           # every step, profiled or not
+    data_times_s: list[float]                           # time spent in `data_fn` per step (0 without one)
+    active_steps: list[int]                             # indices into step_times_s that were recorded
+    step_windows_us: list[tuple[float, float]] = field(default_factory=list)   # active steps only
+    data_windows_us: list[tuple[float, float]] = field(default_factory=list)   # active steps only
+
+    @property
+    def trace_path(self) -> Path:
+        return self.profile_dir / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+
+    @property
+    def active_step_times_s(self) -> list[float]:
+        return [self.step_times_s[i] for i in self.active_steps]
+
+    @property
+    def unprofiled_step_times_s(self) -> list[float]:
+        """Steps outside the recorded window (wait steps and any skip_first steps after the first)."""
+        return [t for i, t in enumerate(self.step_times_s) if i not in self.active_steps]
+
+
+def _check_count(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"profile_steps: {name}={value!r} is invalid; fix: pass an integer >= {minimum}")
+
+
+def profile_steps(step_fn: Callable[..., Any], *, wait: int = 1, warmup: int = 1, active: int = 3,
+                  output_dir: str | os.PathLike, skip_first: int = 0,
+                  data_fn: Callable[[], Any] | None = None,
+                  activities: Sequence[Any] | None = None) -> ProfileRun:
+    """Run `skip_first + wait + warmup + active` steps and record only the `active` ones.
+
+    `step_fn()` runs one training step (or `step_fn(batch)` with `batch = data_fn()` when `data_fn`
+    is given; the time spent in `data_fn` is measured separately so the diagnosis can name a data
+    bottleneck). `step_fn` should block until the step has finished (e.g. call `.asnumpy()` on the
+    loss) so that wall-clock windows match the work. Activities default to CPU, plus NPU on Ascend.
+
+    Example:
+        >>> run = profile_steps(lambda: step(x, y).asnumpy(), active=3, output_dir="build/profile/mlp")
+        >>> run.trace_path.exists()
+        True
+    """
+    if not callable(step_fn):
+        raise ValueError(f"profile_steps: step_fn={step_fn!r} is not callable; fix: pass a function "
+                         "that runs one training step")
+    if data_fn is not None and not callable(data_fn):
+        raise ValueError(f"profile_steps: data_fn={data_fn!r} is not callable; fix: pass a function "
+                         "returning the next batch, or None")
+    _check_count("wait", wait, 0)
+    _check_count("warmup", warmup, 0)
+    _check_count("active", active, 1)
+    _check_count("skip_first", skip_first, 0)
+    if output_dir is None or str(output_dir) == "":
+        raise ValueError("profile_steps: output_dir is empty; fix: pass a folder, "
+                         "e.g. mshelpers.config.build_dir('profile', 'run1')")
+
+    import mindspore as ms
+    from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    out = Path(output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    before = set(glob.glob(str(out / "*_ascend_ms")))
+    if activities is None:
+        activities = [ProfilerActivity.CPU]
+        if ms.get_context("device_target") == "Ascend":
+            activities.append(ProfilerActivity.NPU)
+
+    total = skip_first + wait + warmup + active
+    first_active = skip_first + wait + warmup
+    step_times, data_times, step_windows, data_windows = [], [], [], []
+    # repeat=1: one window; with repeat=0 MindSpore keeps cycling and writes a truncated extra window.
+    sched = schedule(wait=wait, warmup=warmup, active=active, repeat=1, skip_first=skip_first)
+    with profile(activities=list(activities), schedule=sched,
+                 on_trace_ready=tensorboard_trace_handler(str(out))) as prof:
+        for i in range(total):
+            t0 = time.time_ns()
+            if data_fn is not None:
+                batch = data_fn()
+                t_data = time.time_ns()
+                step_fn(batch)
+            else:
+                t_data = t0
+                step_fn()
+            t1 = time.time_ns()
+            step_times.append((t1 - t0) / 1e9)
+            data_times.append((t_data - t0) / 1e9)
+            if i >= first_active:
+                step_windows.append((t0 / 1e3, t1 / 1e3))
+                data_windows.append((t0 / 1e3, t_data / 1e3))
+            prof.step()
+
+    new = sorted(set(glob.glob(str(out / "*_ascend_ms"))) - before, key=os.path.getmtime)
+    if not new:
+        raise RuntimeError(f"profile_steps: the profiler wrote no *_ascend_ms folder under {out}")
+    return ProfileRun(profile_dir=Path(new[-1]), step_times_s=step_times, data_times_s=data_times,
+                      active_steps=list(range(first_active, total)),
+                      step_windows_us=step_windows, data_windows_us=data_windows)
+
+
+# ----------------------------------------------------------------------------- locating files
+def find_profile_dirs(root: str | os.PathLike) -> list[Path]:
+    """All `*_ascend_ms` folders under `root` (or `[root]` if it is one), oldest first."""
+    root = Path(root)
+    if root.name.endswith("_ascend_ms"):
+        return [root]
+    found = [Path(p) for p in glob.glob(str(root / "**" / "*_ascend_ms"), recursive=True)]
+    return sorted(found, key=os.path.getmtime)
+
+
+def _profile_dir(where: "str | os.PathLike | ProfileRun") -> Path:
+    if isinstance(where, ProfileRun):
+        return where.profile_dir
+    dirs = find_profile_dirs(where)
+    if not dirs:
+        raise ValueError(f"no profiler output (*_ascend_ms folder) under {str(where)!r}; "
+                         "fix: pass the output_dir given to profile_steps or its *_ascend_ms folder")
+    return dirs[-1]
+
+
+def _read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return [{k.strip(): (v.strip() if isinstance(v, str) else v) for k, v in row.items()}
+                for row in csv.DictReader(f)]
+
+
+def _num(x: Any) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _with_shares(rows: list[dict]) -> list[dict]:
+    total = sum(r["total_ms"] for r in rows) or 1.0
+    for r in rows:
+        r["share"] = r["total_ms"] / total
+    return sorted(rows, key=lambda r: r["total_ms"], reverse=True)
+
+
+# ----------------------------------------------------------------------------- op tables
+def op_type_table(where: "str | os.PathLike | ProfileRun") -> list[dict]:
+    """Time per op type, largest first: op_type, core, count, total_ms, avg_ms, share (0..1 of op time).
+
+    Reads Ascend's `ASCEND_PROFILER_OUTPUT/op_statistic.csv` when present, else the CPU table
+    `FRAMEWORK/cpu_op_type_info_*.csv` (summed over ranks if there are several files).
+    """
+    d = _profile_dir(where)
+    ascend = d / "ASCEND_PROFILER_OUTPUT" / "op_statistic.csv"
+    merged: dict[tuple[str, str], dict] = {}
+    if ascend.exists():
+        for r in _read_csv(ascend):
+            key = (r.get("OP Type", ""), r.get("Core Type", ""))
+            m = merged.setdefault(key, {"op_type": key[0], "core": key[1], "count": 0, "total_ms": 0.0})
+            m["count"] += int(_num(r.get("Count")))
+            m["total_ms"] += _num(r.get("Total Time(us)")) / 1e3
+    else:
+        files = sorted((d / "FRAMEWORK").glob("cpu_op_type_info_*.csv"))
+        if not files:
+            raise ValueError(f"op_type_table: neither ASCEND_PROFILER_OUTPUT/op_statistic.csv nor "
+                             f"FRAMEWORK/cpu_op_type_info_*.csv in {d}; fix: profile at least one step "
+                             "that runs operators (active >= 1)")
+        for path in files:
+            for r in _read_csv(path):
+                key = (r["op_type"], "CPU")
+                m = merged.setdefault(key, {"op_type": key[0], "core": "CPU", "count": 0, "total_ms": 0.0})
+                m["count"] += int(_num(r.get("type_occurrences")))
+                m["total_ms"] += _num(r.get("total_compute_time"))     # milliseconds in MindSpore 2.9
+    rows = list(merged.values())
+    for r in rows:
+        r["avg_ms"] = r["total_ms"] / r["count"] if r["count"] else 0.0
+    return [{k: r[k] for k in ("op_type", "core", "count", "total_ms", "avg_ms", "share")}
+            for r in _with_shares(rows)]
+
+
+def top_ops(where: "str | os.PathLike | ProfileRun", k: int = 10) -> list[dict]:
+    """The `k` op instances with the largest total time: op_name, op_type, count, total_ms, avg_ms, share.
+
+    Reads Ascend's `kernel_details.csv` when present, else `FRAMEWORK/cpu_op_detail_info_*.csv`.
+    """
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"top_ops: k={k!r} is invalid; fix: pass an integer >= 1")
+    d = _profile_dir(where)
+    kernels = d / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv"
+    merged: dict[str, dict] = {}
+    if kernels.exists():
+        for r in _read_csv(kernels):
+            name = r.get("Name", "")
+            m = merged.setdefault(name, {"op_name": name, "op_type": r.get("Type", ""), "count": 0,
+                                         "total_ms": 0.0})
+            m["count"] += 1
+            m["total_ms"] += _num(r.get("Duration(us)")) / 1e3
+    else:
+        files = sorted((d / "FRAMEWORK").glob("cpu_op_detail_info_*.csv"))
+        if not files:
+            raise ValueError(f"top_ops: no kernel_details.csv or FRAMEWORK/cpu_op_detail_info_*.csv in {d}")
+        for path in files:
+            for r in _read_csv(path):
+                name = r.get("full_op_name") or r.get("op_name", "")
+                m = merged.setdefault(name, {"op_name": name, "op_type": r.get("op_type", ""), "count": 0,
+                                             "total_ms": 0.0})
+                m["count"] += int(_num(r.get("op_occurrences")))
+                m["total_ms"] += _num(r.get("op_total_time(ms)"))
+    rows = list(merged.values())
+    for r in rows:
+        r["avg_ms"] = r["total_ms"] / r["count"] if r["count"] else 0.0
+    rows = _with_shares(rows)[:k]
+    return [{k_: r[k_] for k_ in ("op_name", "op_type", "count", "total_ms", "avg_ms", "share")} for r in rows]
+
+
+# ----------------------------------------------------------------------------- trace timeline
+def load_trace(where: "str | os.PathLike | ProfileRun") -> list[dict]:
+    """Events of `trace_view.json` with numeric `ts`/`dur` (µs) and a `process` name added."""
+    if isinstance(where, ProfileRun):
+        path = where.trace_path
+    else:
+        p = Path(where)
+        path = p if p.suffix == ".json" else _profile_dir(p) / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+    if not path.exists():
+        raise ValueError(f"load_trace: {str(path)!r} does not exist; fix: pass a trace_view.json, a "
+                         "*_ascend_ms folder, or the ProfileRun returned by profile_steps")
+    raw = json.loads(path.read_text())
+    events = raw["traceEvents"] if isinstance(raw, dict) else raw
+    names = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e.get("pid"), e.get("tid")): e.get("args", {}).get("name", "") for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    out = []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        e = dict(e)
+        e["ts"] = _num(e.get("ts"))
+        e["dur"] = _num(e.get("dur"))
+        e["process"] = names.get(e.get("pid"), "")
+        e["thread"] = threads.get((e.get("pid"), e.get("tid")), "")
+        out.append(e)
+    return out
+
+
+def op_events(events: Iterable[dict]) -> list[dict]:
+    """The events that are operator executions (CPU kernels, Ascend tasks, HCCL), sorted by start."""
+    ops = [e for e in events
+           if e.get("process") in _OP_PROCESS_NAMES or e.get("args", {}).get("type") == "HostCpuOps"]
+    return sorted(ops, key=lambda e: e["ts"])
+
+
+def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def _length(intervals: Iterable[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _clip(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
+
+
+def _subtract(base: list[tuple[float, float]], cut: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Parts of the (disjoint, sorted) `base` intervals not covered by `cut`."""
+    out = []
+    cut = _union(cut)
+    for a, b in base:
+        cur = a
+        for c, d in cut:
+            if d <= cur or c >= b:
+                continue
+            if c > cur:
+                out.append((cur, c))
+            cur = max(cur, d)
+        if cur < b:
+            out.append((cur, b))
+    return out
+
+
+def step_breakdown(where: "str | os.PathLike | ProfileRun | list[dict]", *,
+                   step_windows_us: Sequence[tuple[float, float]] | None = None,
+                   data_windows_us: Sequence[tuple[float, float]] | None = None) -> dict:
+    """Split the recorded steps' wall time into compute, communication, data and host/idle.
+
+    - compute: time covered by at least one non-communication op;
+    - communication: time covered by communication ops and not by compute (exposed communication);
+    - data: time inside `data_fn` (only known when profiling ran with `profile_steps(data_fn=...)`)
+      and not covered by ops;
+    - host: the rest of the step: framework/Python overhead, kernel launches, waiting.
+
+    On Ascend, the trace's "Overlap Analysis" process (Computing / Communication(Not Overlapped) /
+    Free) is used directly. Without step windows (a bare trace file) the window is first op start to
+    last op end, so host time outside that span is not counted. Returns totals in ms, shares (0..1)
+    and a per-step list.
+    """
+    if isinstance(where, ProfileRun):
+        step_windows_us = step_windows_us or where.step_windows_us
+        data_windows_us = data_windows_us or where.data_windows_us
+    events = where if isinstance(where, list) else load_trace(where)
+    overlap = [e for e in events if e.get("process") == "Overlap Analysis"]
+    ops = op_events(events)
+    if not ops and not overlap:
+        raise ValueError("step_breakdown: the trace holds no operator events; fix: profile at least one "
+                         "active step that runs a MindSpore network")
+
+    if overlap:
+        def kind(e: dict) -> str:
+            label = f"{e.get('name', '')} {e.get('thread', '')}"
+            if "Not Overlapped" in label:
+                return "comm"
+            if "Communication" in label:
+                return "comm_total"
+            if "Computing" in label:
+                return "compute"
+            if "Free" in label:
+                return "free"
+            return "other"
+        compute_iv = [(e["ts"], e["ts"] + e["dur"]) for e in overlap if kind(e) == "compute"]
+        comm_iv = [(e["ts"], e["ts"] + e["dur"]) for e in overlap if kind(e) == "comm"]
+    else:
+        compute_iv = [(e["ts"], e["ts"] + e["dur"]) for e in ops if not COMM_OP_PATTERN.search(e.get("name", ""))]
+        comm_iv = [(e["ts"], e["ts"] + e["dur"]) for e in ops if COMM_OP_PATTERN.search(e.get("name", ""))]
+
+    all_iv = compute_iv + comm_iv
+    windows = list(step_windows_us or [(min(a for a, _ in all_iv), max(b for _, b in all_iv))])
+    data_windows = list(data_windows_us or [])
+
+    per_step = []
+    for i, (lo, hi) in enumerate(windows):
+        comp = _union(_clip(compute_iv, lo, hi))
+        comm_exposed = _subtract(_union(_clip(comm_iv, lo, hi)), comp)
+        busy = _union(comp + comm_exposed)
+        data = _subtract(_union(_clip(data_windows, lo, hi)), busy)
+        step_us = hi - lo
+        c, m, dt = _length(comp), _length(comm_exposed), _length(data)
+        host = max(step_us - c - m - dt, 0.0)
+        per_step.append({"step": i, "start_us": lo, "step_ms": step_us / 1e3, "compute_ms": c / 1e3,
+                         "communication_ms": m / 1e3, "data_ms": dt / 1e3, "host_ms": host / 1e3})
+    tot = {k: sum(s[k] for s in per_step) for k in ("step_ms", "compute_ms", "communication_ms",
+                                                    "data_ms", "host_ms")}
+    denom = tot["step_ms"] or 1.0
+    n_ops = sum(1 for e in ops if any(lo <= e["ts"] < hi for lo, hi in windows))
+    return {
+        **tot,
+        "steps": len(per_step),
+        "compute_share": tot["compute_ms"] / denom,
+        "communication_share": tot["communication_ms"] / denom,
+        "data_share": tot["data_ms"] / denom,
+        "host_share": tot["host_ms"] / denom,
+        "ops_per_step": n_ops / max(len(per_step), 1),
+        "mean_op_us": (tot["compute_ms"] + tot["communication_ms"]) * 1e3 / n_ops if n_ops else 0.0,
+        "source": "Overlap Analysis" if overlap else "op events",
+        "per_step": per_step,
+    }
+
+
+# ----------------------------------------------------------------------------- diagnosis
+@dataclass(frozen=True)
+class Diagnosis:
+    """A bottleneck class, the rule that chose it and the numbers it used."""
+
+    bottleneck: str            # "compute-bound" | "communication-bound" | "data-bound" | "launch/host-bound"
+    rule: str
+    numbers: dict
+    advice: str
+
+    def __str__(self) -> str:
+        nums = ", ".join(f"{k}={v:.1%}" if k.endswith("share") else f"{k}={v:.4g}"
+                         for k, v in self.numbers.items())
+        return f"{self.bottleneck}: {self.rule} [{nums}] -> {self.advice}"
+
+
+_ADVICE = {
+    "data-bound": "feed faster: raise num_parallel_workers, prefetch (ds.config.set_prefetch_size), "
+                  "move preprocessing offline (MindRecord)",
+    "communication-bound": "cut or hide communication: fuse gradients (comm fusion), overlap with compute, "
+                           "rethink the dp/mp/pp split so less crosses the slow links",
+    "launch/host-bound": "give the device bigger, fewer kernels: GRAPH_MODE / jit, larger batch or "
+                         "sequence, operator fusion; check the host thread settings",
+    "compute-bound": "the ops themselves dominate: tune the top op types (AOE on Ascend), lower precision "
+                     "where it is faster, recompute less",
+}
+
+
+def diagnose(breakdown: dict, *, threshold: float = 0.3) -> Diagnosis:
+    """Name the bottleneck from `step_breakdown(...)` output.
+
+    Rule: among the non-compute shares (data, communication, host) take the largest; if it is at least
+    `threshold` of step time, that is the bottleneck, otherwise the step is compute-bound. The default
+    0.3 follows the rule of thumb that a pipeline stage eating 30% of the step is worth fixing first.
+
+    Example:
+        >>> diagnose({"compute_share": 0.5, "communication_share": 0.05, "data_share": 0.4,
+        ...           "host_share": 0.05}).bottleneck
+        'data-bound'
+    """
+    need = ("compute_share", "communication_share", "data_share", "host_share")
+    if not isinstance(breakdown, dict) or any(k not in breakdown for k in need):
+        raise ValueError(f"diagnose: breakdown must be the dict returned by step_breakdown with keys {need}; "
+                         f"got {type(breakdown).__name__} with keys "
+                         f"{sorted(breakdown) if isinstance(breakdown, dict) else '-'}")
+    if not (isinstance(threshold, (int, float)) and 0 < threshold < 1):
+        raise ValueError(f"diagnose: threshold={threshold!r} is invalid; fix: pass a share in (0, 1), e.g. 0.3")
+    numbers = {k: float(breakdown[k]) for k in need}
+    if breakdown.get("mean_op_us"):
+        numbers["mean_op_us"] = float(breakdown["mean_op_us"])
+    candidates = {"data-bound": numbers["data_share"],
+                  "communication-bound": numbers["communication_share"],
+                  "launch/host-bound": numbers["host_share"]}
+    name, share = max(candidates.items(), key=lambda kv: kv[1])
+    if share >= threshold:
+        label = {"data-bound": "data_share", "communication-bound": "communication_share",
+                 "launch/host-bound": "host_share"}[name]
+        rule = f"{label} = {share:.1%} is the largest non-compute share and >= threshold {threshold:.0%}"
+    else:
+        name = "compute-bound"
+        rule = (f"every non-compute share is < threshold {threshold:.0%} (largest: {share:.1%}); "
+                f"compute covers {numbers['compute_share']:.1%} of step time")
+    return Diagnosis(bottleneck=name, rule=rule, numbers=numbers, advice=_ADVICE[name])
+
+
+def overhead_ratio(profiled_step_s: Sequence[float], plain_step_s: Sequence[float]) -> float:
+    """Median profiled step time over median plain step time (1.0 = no overhead)."""
+    if not profiled_step_s or not plain_step_s:
+        raise ValueError("overhead_ratio: both step-time lists must be non-empty; fix: time at least one "
+                         "step with and one without the profiler")
+    return statistics.median(profiled_step_s) / statistics.median(plain_step_s)
+
+
+# ----------------------------------------------------------------------------- plots
+def plot_op_breakdown(rows: Sequence[dict], *, top: int = 12, ax: Any = None, title: str | None = None):
+    """Horizontal bars of total ms per op type (rows from `op_type_table`); the rest is grouped as 'other'."""
+    if not rows:
+        raise ValueError("plot_op_breakdown: rows is empty; fix: pass op_type_table(run)")
+    import matplotlib.pyplot as plt
+    rows = sorted(rows, key=lambda r: r["total_ms"], reverse=True)
+    shown = list(rows[:top])
+    rest = sum(r["total_ms"] for r in rows[top:])
+    labels = [r["op_type"] for r in shown] + (["other"] if rest > 0 else [])
+    values = [r["total_ms"] for r in shown] + ([rest] if rest > 0 else [])
+    total = sum(values) or 1.0
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.35 * len(labels) + 1.2))
+    ax.barh(labels[::-1], values[::-1], color="tab:blue")
+    for y, v in enumerate(values[::-1]):
+        ax.text(v, y, f" {v / total:.0%}", va="center", fontsize=8)
+    ax.set_xlabel("total time in the profiled steps (ms)")
+    ax.set_title(title or "Op-type breakdown")
+    return ax
+
+
+_TIMELINE_COLORS = {"compute": "tab:blue", "communication": "tab:red", "data": "tab:orange"}
+
+
+def plot_step_timeline(run: "ProfileRun", *, step: int = 0, ax: Any = None, max_rows: int = 14):
+    """One recorded step as a Gantt chart: the data fetch, then each op type on its own row.
+
+    Gaps between bars are host time (framework overhead, Python, launches)."""
+    if not isinstance(run, ProfileRun):
+        raise ValueError("plot_step_timeline: run must be the ProfileRun returned by profile_steps")
+    if not (isinstance(step, int) and 0 <= step < len(run.step_windows_us)):
+        raise ValueError(f"plot_step_timeline: step={step!r} is out of range; fix: pass 0.."
+                         f"{len(run.step_windows_us) - 1}")
+    import matplotlib.pyplot as plt
+    lo, hi = run.step_windows_us[step]
+    ops = [e for e in op_events(load_trace(run)) if lo <= e["ts"] < hi]
+    by_type: dict[str, list[tuple[float, float]]] = {}
+    for e in ops:
+        op_type = re.sub(r"-op\d+$", "", e["name"].rsplit("/", 1)[-1])
+        by_type.setdefault(op_type, []).append(((e["ts"] - lo) / 1e3, e["dur"] / 1e3))
+    order = sorted(by_type, key=lambda t: -sum(d for _, d in by_type[t]))[:max_rows]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.3 * (len(order) + 2) + 1.2))
+    rows = []
+    d0, d1 = run.data_windows_us[step]
+    if d1 > d0:
+        rows.append(("data_fn", [((d0 - lo) / 1e3, (d1 - d0) / 1e3)], _TIMELINE_COLORS["data"]))
+    for t in order:
+        color = _TIMELINE_COLORS["communication" if COMM_OP_PATTERN.search(t) else "compute"]
+        rows.append((t, by_type[t], color))
+    for y, (label, bars, color) in enumerate(rows[::-1]):
+        ax.broken_barh(bars, (y - 0.4, 0.8), color=color)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([r[0] for r in rows[::-1]], fontsize=8)
+    ax.set_xlim(0, (hi - lo) / 1e3)
+    ax.set_xlabel(f"ms since the start of recorded step {step}")
+    ax.set_title("One profiled step (white = host/framework time)")
+    return ax

@@ -1,0 +1,149 @@
+"""mshelpers.profiling: the parsers run on profiler output this test produces itself."""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from mshelpers import profiling as P
+
+
+class _MLP:
+    """A small GRAPH_MODE training step; big enough that MatMul dominates op time."""
+
+    def __init__(self):
+        import mindspore as ms
+        from mindspore import nn
+
+        from mshelpers.device import setup
+        setup(mode="graph", device="CPU", seed=0)
+        net = nn.SequentialCell(nn.Dense(256, 512), nn.ReLU(), nn.Dense(512, 10))
+        loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+        self.step = nn.TrainOneStepCell(loss, nn.Adam(net.trainable_params()))
+        rng = np.random.default_rng(0)
+        self.x = ms.Tensor(rng.standard_normal((64, 256)).astype(np.float32))
+        self.y = ms.Tensor(rng.integers(0, 10, 64).astype(np.int32))
+        self.step(self.x, self.y).asnumpy()      # compile outside the profiled window
+
+    def __call__(self, batch=None):
+        return self.step(self.x, self.y).asnumpy()
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return _MLP()
+
+
+@pytest.fixture(scope="module")
+def plain_run(mlp, tmp_path_factory):
+    return P.profile_steps(mlp, wait=1, warmup=1, active=3, output_dir=tmp_path_factory.mktemp("plain"))
+
+
+@pytest.fixture(scope="module")
+def slow_data_run(mlp, tmp_path_factory):
+    def slow_batch():
+        time.sleep(0.05)          # a data loader far slower than the ~1 ms step
+        return None
+    return P.profile_steps(mlp, wait=0, warmup=1, active=3, data_fn=slow_batch,
+                           output_dir=tmp_path_factory.mktemp("slow"))
+
+
+def test_profile_steps_records_only_the_active_window(plain_run):
+    assert len(plain_run.step_times_s) == 1 + 1 + 3
+    assert plain_run.active_steps == [2, 3, 4]
+    assert len(plain_run.step_windows_us) == 3
+    assert plain_run.trace_path.exists()
+    assert list((plain_run.profile_dir / "FRAMEWORK").glob("cpu_op_type_info_*.csv"))
+    # Every op in the trace falls inside one of the three recorded step windows.
+    ops = P.op_events(P.load_trace(plain_run))
+    assert ops
+    assert all(any(lo <= e["ts"] < hi for lo, hi in plain_run.step_windows_us) for e in ops)
+
+
+def test_op_type_table_matches_the_trace(plain_run):
+    rows = P.op_type_table(plain_run)
+    types = [r["op_type"] for r in rows]
+    assert "MatMul" in types and "Adam" in types
+    assert rows == sorted(rows, key=lambda r: -r["total_ms"])
+    assert abs(sum(r["share"] for r in rows) - 1) < 1e-9
+    # 3 steps x (2 forward + 3 backward MatMuls) = 15 executions.
+    assert next(r for r in rows if r["op_type"] == "MatMul")["count"] == 15
+    # The CSV's total agrees with the summed durations of the trace's op events (both in ms).
+    trace_ms = sum(e["dur"] for e in P.op_events(P.load_trace(plain_run))) / 1e3
+    assert sum(r["total_ms"] for r in rows) == pytest.approx(trace_ms, rel=0.05)
+
+
+def test_top_ops_are_instances_sorted_and_limited(plain_run):
+    top = P.top_ops(plain_run, k=3)
+    assert len(top) == 3
+    assert top[0]["total_ms"] >= top[1]["total_ms"] >= top[2]["total_ms"]
+    assert all("/" in r["op_name"] for r in top)          # full scope names, not just types
+    with pytest.raises(ValueError, match="k=0"):
+        P.top_ops(plain_run, k=0)
+
+
+def test_breakdown_shares_sum_to_one_and_diagnose_names_data(plain_run, slow_data_run):
+    b = P.step_breakdown(slow_data_run)
+    shares = b["compute_share"] + b["communication_share"] + b["data_share"] + b["host_share"]
+    assert shares == pytest.approx(1.0, abs=1e-6)
+    assert b["steps"] == 3 and b["communication_share"] == 0
+    assert b["data_share"] > 0.5
+    d = P.diagnose(b)
+    assert d.bottleneck == "data-bound"
+    assert "data_share" in d.rule and "data_share" in str(d)
+
+    fast = P.step_breakdown(plain_run)
+    assert fast["data_share"] == 0
+    assert P.diagnose(fast).bottleneck in ("compute-bound", "launch/host-bound")
+
+
+def test_breakdown_on_a_synthetic_trace_with_communication(tmp_path):
+    # Two 100 us steps: compute 0-40, AllReduce 30-80 (exposed 40-80), idle 80-100.
+    events = [{"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "CPU OP"}}]
+    for t0 in (0, 100):
+        events += [
+            {"ph": "X", "pid": 2, "tid": 0, "name": "Default/MatMul-op0", "ts": str(t0), "dur": "40"},
+            {"ph": "X", "pid": 2, "tid": 1, "name": "Default/AllReduce-op0", "ts": str(t0 + 30), "dur": "50"},
+        ]
+    path = tmp_path / "trace_view.json"
+    path.write_text(json.dumps(events))
+    b = P.step_breakdown(str(path), step_windows_us=[(0, 100), (100, 200)])
+    assert b["compute_share"] == pytest.approx(0.4)
+    assert b["communication_share"] == pytest.approx(0.4)
+    assert b["host_share"] == pytest.approx(0.2)
+    assert P.diagnose(b).bottleneck == "communication-bound"
+
+
+def test_diagnose_threshold_and_bad_input():
+    b = {"compute_share": 0.75, "communication_share": 0.1, "data_share": 0.0, "host_share": 0.15}
+    assert P.diagnose(b).bottleneck == "compute-bound"
+    assert P.diagnose(b, threshold=0.12).bottleneck == "launch/host-bound"
+    with pytest.raises(ValueError, match="step_breakdown"):
+        P.diagnose({"compute_share": 1.0})
+    with pytest.raises(ValueError, match="threshold"):
+        P.diagnose(b, threshold=30)
+
+
+def test_profile_steps_rejects_bad_counts_before_profiling(tmp_path):
+    with pytest.raises(ValueError, match="active=0"):
+        P.profile_steps(lambda: None, active=0, output_dir=tmp_path)
+    with pytest.raises(ValueError, match="step_fn"):
+        P.profile_steps("not a function", output_dir=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_overhead_ratio():
+    assert P.overhead_ratio([2.0, 2.0, 4.0], [1.0, 1.0]) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        P.overhead_ratio([], [1.0])
+
+
+def test_plots_draw(plain_run, slow_data_run):
+    import matplotlib
+    matplotlib.use("Agg")
+    ax = P.plot_op_breakdown(P.op_type_table(plain_run), top=3)
+    assert len(ax.patches) == 4                                   # 3 types + "other"
+    ax = P.plot_step_timeline(slow_data_run, step=1)
+    assert ax.get_yticklabels()[-1].get_text() == "data_fn"       # data fetch drawn on top
