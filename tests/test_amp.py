@@ -1,0 +1,113 @@
+"""mshelpers.amp: overflow location, dtype report, loss-scaled step (small nets, a few seconds)."""
+import numpy as np
+import pytest
+
+ms = pytest.importorskip("mindspore")
+from mindspore import nn  # noqa: E402
+
+from mshelpers.amp import (  # noqa: E402
+    NonfiniteReport,
+    activation_stats,
+    dtype_report,
+    find_first_nonfinite,
+    make_scaled_train_step,
+)
+
+
+class SmallNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Dense(8, 16)
+        self.act = nn.ReLU()
+        self.hidden = nn.Dense(16, 16)
+        self.head = nn.Dense(16, 1)
+
+    def construct(self, x):
+        return self.head(self.hidden(self.act(self.embed(x)))).mean()
+
+
+def _x(rows: int = 4) -> "ms.Tensor":
+    return ms.Tensor(np.random.default_rng(0).normal(size=(rows, 8)).astype(np.float32))
+
+
+def _plant_overflow(net: SmallNet) -> SmallNet:
+    # float32 max is 3.4e38; 16 inputs of order 1 times weights of 1e38 overflow to inf.
+    net.hidden.weight.set_data(ms.Tensor(np.full((16, 16), 1e38, np.float32)))
+    return net
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    ms.set_seed(0)
+
+
+def test_healthy_net_has_no_nonfinite():
+    assert find_first_nonfinite(SmallNet(), _x()) is None
+
+
+def test_planted_overflow_names_that_layer():
+    assert find_first_nonfinite(_plant_overflow(SmallNet()), _x()) == "hidden"
+
+
+def test_float16_overflow_is_located_under_o3():
+    net = SmallNet()
+    # Weights of 1e3 on inputs of 1e2, summed over 8 features, exceed float16's 65504.
+    net.embed.weight.set_data(ms.Tensor(np.full((16, 8), 1e3, np.float32)))
+    x = ms.Tensor(np.full((2, 8), 1e2, np.float32))
+    assert find_first_nonfinite(net, x) is None  # float32 holds 8e5 easily
+    net16 = ms.amp.auto_mixed_precision(net, "O3")
+    name = find_first_nonfinite(net16, x)
+    assert name is not None and name.endswith("embed"), name
+
+
+def test_grads_report_names_cell_and_parameter():
+    assert find_first_nonfinite(SmallNet(), _x(), grads=True) == NonfiniteReport(None, None)
+    rep = find_first_nonfinite(_plant_overflow(SmallNet()), _x(), grads=True)
+    assert rep.cell == "hidden"
+    assert rep.param is not None and rep.param.startswith(("head", "hidden")), rep
+
+
+def test_execution_order_puts_inner_layers_first_and_restores_mode():
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        rows = activation_stats(SmallNet(), _x())
+        assert ms.get_context("mode") == ms.GRAPH_MODE
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert [r["cell"] for r in rows] == ["embed", "act", "hidden", "head", ""]
+    assert all(r["finite"] for r in rows)
+
+
+def test_dtype_report_sees_float16_activations_under_o2():
+    plain = dtype_report(SmallNet(), _x()).summary()
+    assert plain == {"param dtypes": "float32 100%", "activation dtypes": "float32 100%"}
+    o2 = dtype_report(ms.amp.auto_mixed_precision(SmallNet(), "O2"), _x()).summary()
+    assert o2["param dtypes"] == "float32 100%"
+    assert o2["activation dtypes"].startswith("float16"), o2
+    assert dtype_report(SmallNet()).summary()["activation dtypes"] == "(no inputs given)"
+
+
+def test_bad_inputs_raise_one_clear_value_error():
+    with pytest.raises(ValueError, match="not a mindspore.nn.Cell"):
+        find_first_nonfinite(lambda x: x, _x())
+    with pytest.raises(ValueError, match="no inputs given"):
+        find_first_nonfinite(SmallNet())
+    with pytest.raises(ValueError, match="scale_factor"):
+        net = SmallNet()
+        make_scaled_train_step(net, nn.Adam(net.trainable_params(), 1e-3), scale_factor=1.5)
+
+
+def test_scaled_step_skips_overflow_and_halves_scale():
+    base = SmallNet()
+    net = ms.amp.auto_mixed_precision(base, "O2")  # wraps base; weights are shared
+    opt = nn.Adam(net.trainable_params(), 1e-2)
+    # 2**40 times any float16 gradient is inf, so the first steps must be skipped.
+    step = make_scaled_train_step(net, opt, init_scale=2.0 ** 40, scale_window=2)
+    before = base.head.weight.asnumpy().copy()
+    first = step(_x())
+    assert not first.finite and first.scale == 2.0 ** 39
+    np.testing.assert_array_equal(base.head.weight.asnumpy(), before)  # update skipped
+    results = [step(_x()) for _ in range(40)]
+    assert any(r.finite for r in results)
+    assert not np.array_equal(base.head.weight.asnumpy(), before)  # a finite step updated
+    assert all(np.isfinite(r.loss) for r in results if r.finite)
