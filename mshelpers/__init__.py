@@ -1,0 +1,16 @@
+"""mshelpers: small, copyable helpers for the MindSpore training-optimization cookbook.
+
+Each module is one concern and imports MindSpore lazily, so `config`, `metrics`,
+`memory` and friends can be lifted into another project on their own.
+
+Importing the package sets two quiet defaults (override them by setting the variables
+before the import): MindSpore's C++ log level GLOG_v=3 (errors only; its deprecation
+warnings otherwise fill every notebook cell) and mindformers' log folder under build/.
+"""
+import os as _os
+
+_os.environ.setdefault("GLOG_v", "3")
+_os.environ.setdefault("LOCAL_DEFAULT_PATH", _os.path.join(
+    _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))), "build", "mindformers"))
+
+__version__ = "0.1.0"

@@ -1,0 +1,204 @@
+"""Run configuration: one dataclass that every helper and notebook shares.
+
+Example:
+    >>> from mshelpers.config import RunConfig
+    >>> cfg = RunConfig.preset("mini").replace(steps=20, mode="graph")
+    >>> cfg.validate()
+    >>> RunConfig.from_yaml(cfg.to_yaml()) == cfg
+    True
+
+`validate()` checks every field before any MindSpore work starts and raises one
+`ValueError` that names the field, the bad value and how to fix it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+AMP_LEVELS = ("O0", "O1", "O2", "O3")
+MODES = ("pynative", "graph")
+RECOMPUTE = ("none", "selective", "full")
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def repo_root(start: str | os.PathLike | None = None) -> Path:
+    """The cookbook's root (the folder holding pyproject.toml), or the cwd if none is found."""
+    here = Path(start or os.getcwd()).resolve()
+    for p in (here, *here.parents):
+        if (p / "pyproject.toml").exists() and (p / "mshelpers").is_dir():
+            return p
+    return here
+
+
+def build_dir(*parts: str) -> Path:
+    """`<repo>/build/<parts...>`, created on demand. `MSHELPERS_BUILD` overrides the root."""
+    root = Path(os.environ.get("MSHELPERS_BUILD") or repo_root() / "build")
+    p = root.joinpath(*parts)
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one training run needs. Sizes follow mindformers' LlamaConfig names."""
+
+    name: str = "mini"
+    # model
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    ffn_hidden_size: int = 688
+    vocab_size: int = 1024
+    seq_len: int = 128
+    # optimisation
+    batch_size: int = 8          # global batch (sequences per step, summed over dp ranks)
+    steps: int = 40
+    lr: float = 3e-3
+    warmup_steps: int = 5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0       # 0 disables clipping
+    # execution
+    mode: str = "pynative"       # "pynative" | "graph"
+    compute_dtype: str = "float32"
+    amp_level: str = "O0"
+    loss_scale: float = 1.0      # 1.0 = off; > 1 = static scale, or the start value when dynamic
+    dynamic_loss_scale: bool = False
+    recompute: str = "none"      # "none" | "selective" | "full"
+    # parallel
+    dp: int = 1
+    mp: int = 1
+    pp: int = 1
+    micro_batches: int = 1
+    grad_accum: int = 1
+    # data and bookkeeping
+    data: str = "markov"         # "markov" (synthetic, known floor) or a path to a text file
+    seed: int = 0
+    log_dir: str = "build/runs"
+
+    # ---------------------------------------------------------------- presets
+    @classmethod
+    def preset(cls, name: str) -> "RunConfig":
+        """Named configurations: "mini" trains on a laptop CPU, the LLaMA-2 ones are for planning."""
+        presets = {
+            # 3,688,704 parameters in mindformers' LlamaForCausalLM
+            "mini": dict(),
+            # a smaller sibling for unit tests and quick probes
+            "tiny": dict(hidden_size=64, num_layers=2, num_heads=4, ffn_hidden_size=172,
+                         vocab_size=256, seq_len=32, batch_size=4, steps=10),
+            # LLaMA-2 dimensions (Touvron et al. 2023, table 1 / the released config.json)
+            "llama2-7b": dict(hidden_size=4096, num_layers=32, num_heads=32, ffn_hidden_size=11008,
+                              vocab_size=32000, seq_len=4096, batch_size=64, compute_dtype="bfloat16",
+                              amp_level="O2", mode="graph"),
+            "llama2-13b": dict(hidden_size=5120, num_layers=40, num_heads=40, ffn_hidden_size=13824,
+                               vocab_size=32000, seq_len=4096, batch_size=64, compute_dtype="bfloat16",
+                               amp_level="O2", mode="graph"),
+            "llama2-70b": dict(hidden_size=8192, num_layers=80, num_heads=64, ffn_hidden_size=28672,
+                               vocab_size=32000, seq_len=4096, batch_size=64, compute_dtype="bfloat16",
+                               amp_level="O2", mode="graph"),
+        }
+        if name not in presets:
+            raise ValueError(f"RunConfig.preset: unknown preset {name!r}; "
+                             f"fix: use one of {sorted(presets)}")
+        return cls(name=name, **presets[name])
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        """A copy with some fields changed; unknown field names raise a ValueError."""
+        known = {f.name for f in fields(self)}
+        bad = sorted(set(changes) - known)
+        if bad:
+            raise ValueError(f"RunConfig.replace: unknown field {bad[0]!r}; "
+                             f"fix: use one of {sorted(known)}")
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------- derived
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens the model is trained on per optimizer step (global, all dp ranks)."""
+        return self.batch_size * self.seq_len * self.grad_accum
+
+    # ---------------------------------------------------------- validation
+    def validate(self) -> "RunConfig":
+        """Raise one ValueError naming the field, the value and the fix; return self if fine."""
+        def bad(field_name: str, fix: str) -> ValueError:
+            return ValueError(f"RunConfig.{field_name}={getattr(self, field_name)!r} is invalid: {fix}")
+
+        for f in ("hidden_size", "num_layers", "num_heads", "ffn_hidden_size", "vocab_size",
+                  "seq_len", "batch_size", "steps", "dp", "mp", "pp", "micro_batches", "grad_accum"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise bad(f, "must be a positive integer")
+        if self.hidden_size % self.num_heads:
+            raise bad("hidden_size", f"must be divisible by num_heads={self.num_heads}; "
+                                     f"try {self.num_heads * max(1, self.hidden_size // self.num_heads)}")
+        if (self.hidden_size // self.num_heads) % 2:
+            raise bad("num_heads", "head_dim = hidden_size/num_heads must be even for rotary embeddings")
+        if self.mode not in MODES:
+            raise bad("mode", f"use one of {MODES}")
+        if self.amp_level not in AMP_LEVELS:
+            raise bad("amp_level", f"use one of {AMP_LEVELS}")
+        if self.compute_dtype not in DTYPES:
+            raise bad("compute_dtype", f"use one of {DTYPES}")
+        if self.recompute not in RECOMPUTE:
+            raise bad("recompute", f"use one of {RECOMPUTE}")
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise bad("lr", "must be a positive number, e.g. 3e-3")
+        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
+            raise bad("warmup_steps", "must be an integer >= 0")
+        if self.grad_clip < 0:
+            raise bad("grad_clip", "must be >= 0 (0 disables clipping)")
+        if self.weight_decay < 0:
+            raise bad("weight_decay", "must be >= 0")
+        if not (isinstance(self.loss_scale, (int, float)) and self.loss_scale >= 1):
+            raise bad("loss_scale", "must be a number >= 1 (1 = no scaling); "
+                                    "set dynamic_loss_scale=True for a dynamic scaler")
+        if self.seed < 0:
+            raise bad("seed", "must be >= 0")
+        if self.batch_size % (self.dp * self.micro_batches):
+            raise bad("batch_size", f"must be divisible by dp*micro_batches = {self.dp}*{self.micro_batches}"
+                                    f" = {self.dp * self.micro_batches}; "
+                                    f"try batch_size={self.dp * self.micro_batches * max(1, self.batch_size // (self.dp * self.micro_batches))}")
+        if self.num_heads % self.mp:
+            raise bad("mp", f"must divide num_heads={self.num_heads}")
+        if self.ffn_hidden_size % self.mp:
+            raise bad("mp", f"must divide ffn_hidden_size={self.ffn_hidden_size}")
+        if self.num_layers % self.pp:
+            raise bad("pp", f"must divide num_layers={self.num_layers}")
+        if self.data != "markov" and not Path(self.data).is_file():
+            raise bad("data", "use 'markov' for the synthetic corpus or the path of an existing text file")
+        return self
+
+    # ---------------------------------------------------------------- yaml
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(d) - known)
+        if bad:
+            raise ValueError(f"RunConfig: unknown field {bad[0]!r} in the input; fix: use one of {sorted(known)}")
+        return cls(**d)
+
+    def to_yaml(self, path: str | os.PathLike | None = None) -> str:
+        """Serialise to YAML; also write it to `path` if given."""
+        import yaml
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_yaml(cls, text_or_path: str | os.PathLike) -> "RunConfig":
+        """Load from YAML text or from a .yaml file path."""
+        import yaml
+        s = str(text_or_path)
+        if "\n" not in s and Path(s).is_file():
+            s = Path(s).read_text()
+        return cls.from_dict(yaml.safe_load(s) or {})

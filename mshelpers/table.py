@@ -1,0 +1,91 @@
+"""Runs as rows of named metrics: print them as a Markdown table, append them to a CSV.
+
+Example:
+    >>> from mshelpers.table import markdown_table
+    >>> print(markdown_table([{"run": "pynative", "step_ms": 1312.0}, {"run": "graph", "step_ms": 201.5}]))
+    | run      | step_ms |
+    |----------|---------|
+    | pynative | 1312    |
+    | graph    | 201.5   |
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+
+def _fmt(v: Any, digits: int) -> str:
+    if isinstance(v, bool) or v is None:
+        return "" if v is None else str(v)
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            return str(v)
+        if v != 0 and (abs(v) >= 1e6 or abs(v) < 10 ** -digits):
+            return f"{v:.{digits}g}"
+        return f"{v:.{digits}g}" if abs(v) < 1 else f"{round(v, digits):,.{digits}f}".rstrip("0").rstrip(".")
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 10_000 else str(v)
+    return str(v)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None, digits: int = 4) -> str:
+    """Format a list of dicts (one per run) as a GitHub Markdown table.
+
+    Columns default to the union of keys in first-seen order. Floats get `digits`
+    significant digits (or decimals for values >= 1).
+    """
+    if not rows:
+        raise ValueError("markdown_table: rows is empty; fix: pass at least one dict")
+    if columns is None:
+        columns = []
+        for r in rows:
+            columns += [k for k in r if k not in columns]
+    cells = [[_fmt(r.get(c), digits) for c in columns] for r in rows]
+    widths = [max(len(str(c)), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"
+    out = [line([str(c) for c in columns]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
+
+
+def append_csv(row: dict, path: str | os.PathLike) -> Path:
+    """Append one row to a CSV, writing the header when the file is new.
+
+    New keys that the existing header lacks raise a ValueError rather than silently
+    shifting columns.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.stat().st_size:
+        with path.open(newline="") as f:
+            header = next(csv.reader(f))
+        extra = [k for k in row if k not in header]
+        if extra:
+            raise ValueError(f"append_csv: key {extra[0]!r} is not a column of {path}; "
+                             f"fix: write to a new file or use the columns {header}")
+        with path.open("a", newline="") as f:
+            csv.DictWriter(f, fieldnames=header).writerow(row)
+    else:
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(row))
+            w.writeheader()
+            w.writerow(row)
+    return path
+
+
+def read_csv(path: str | os.PathLike) -> list[dict]:
+    """Read a CSV written by `append_csv`/`StepLogger`, turning numeric strings back into numbers."""
+    def conv(v: str) -> Any:
+        if v in ("True", "False"):
+            return v == "True"
+        for t in (int, float):
+            try:
+                return t(v)
+            except ValueError:
+                pass
+        return v
+    with Path(path).open(newline="") as f:
+        return [{k: conv(v) for k, v in r.items()} for r in csv.DictReader(f)]

@@ -1,0 +1,204 @@
+"""The mini-LLaMA runner: one function trains a RunConfig and logs every step.
+
+Example:
+    >>> from mshelpers.config import RunConfig
+    >>> from mshelpers.train import train
+    >>> h = train(RunConfig.preset("mini").replace(mode="graph", steps=20))
+    >>> h.summary()["median_step_s"]        # steady-state step time, compile step excluded
+
+The step is built functionally (`ms.value_and_grad`), so the same code runs op by op
+(PyNative) or compiled as one graph (`ms.jit`), with optional loss scaling, gradient
+clipping and gradient accumulation. The first step of a graph run includes the
+compile; `History` reports it apart from the median of the steady steps.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .config import RunConfig, build_dir
+from .metrics import StepLogger, flops_per_token, measure_peak_flops, mfu, summarize
+
+
+def lr_at(cfg: RunConfig, step: int) -> float:
+    """Learning rate at 1-based `step`: linear warm-up, then cosine decay to 10% of cfg.lr."""
+    if step <= cfg.warmup_steps:
+        return cfg.lr * step / max(1, cfg.warmup_steps)
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def make_optimizer(net, cfg: RunConfig):
+    """AdamW with the warm-up + cosine schedule of `lr_at`, one value per step."""
+    from mindspore import nn
+    lrs = [lr_at(cfg, s) for s in range(1, cfg.steps + 1)]
+    return nn.AdamWeightDecay(net.trainable_params(), learning_rate=lrs, weight_decay=cfg.weight_decay)
+
+
+def make_loss_scaler(cfg: RunConfig):
+    """DynamicLossScaler (x2 / /2 every 50 good steps / on overflow) or a static one."""
+    from mindspore import amp
+    if cfg.dynamic_loss_scale:
+        return amp.DynamicLossScaler(scale_value=float(cfg.loss_scale), scale_factor=2, scale_window=50)
+    return amp.StaticLossScaler(scale_value=float(cfg.loss_scale))
+
+
+def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callable:
+    """Return step(input_ids) -> (loss, grad_norm, finite, scale), jitted when cfg.mode == "graph".
+
+    Overflowed steps (non-finite gradients) skip the optimizer update; with a dynamic
+    scaler the scale halves. With cfg.grad_accum = k the batch is split into k
+    micro-batches whose gradients are averaged before one update.
+    """
+    import mindspore as ms
+    from mindspore import amp, ops
+
+    scaler = loss_scaler or make_loss_scaler(cfg)
+    dynamic = cfg.dynamic_loss_scale
+    params = optimizer.parameters
+    clip = float(cfg.grad_clip)
+    k = cfg.grad_accum
+
+    def forward(input_ids):
+        return scaler.scale(net(input_ids))
+
+    grad_fn = ms.value_and_grad(forward, None, params)
+
+    def compute_grads(input_ids):
+        loss, grads = grad_fn(input_ids)
+        return scaler.unscale(loss), scaler.unscale(grads)
+
+    def apply_grads(grads):
+        finite = amp.all_finite(grads)
+        grad_norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g.astype(ms.float32))) for g in grads]))
+        if clip > 0:
+            factor = ops.minimum(clip / (grad_norm + 1e-6), 1.0)   # reuse the norm instead of recomputing it
+            grads = tuple(g * factor.astype(g.dtype) for g in grads)
+        if finite:
+            optimizer(grads)
+        if dynamic:
+            scaler.adjust(finite)
+        return grad_norm, finite
+
+    def fused_step(input_ids):
+        loss, grads = compute_grads(input_ids)
+        grad_norm, finite = apply_grads(grads)
+        return loss, grad_norm, finite
+
+    def accumulate(acc, grads):
+        return tuple(a + g / k for a, g in zip(acc, grads))
+
+    jit = ms.jit if cfg.mode == "graph" else (lambda f: f)
+    if k == 1:
+        step_fn = jit(fused_step)
+
+        def step(input_ids):
+            loss, grad_norm, finite = step_fn(input_ids)
+            return loss, grad_norm, finite, scaler.scale_value
+        return step
+
+    grads_fn, add_fn, apply_fn = jit(compute_grads), jit(accumulate), jit(apply_grads)
+
+    def accum_step(input_ids):
+        micro = input_ids.shape[0] // k
+        total, acc = 0.0, None
+        for i in range(k):
+            loss, grads = grads_fn(input_ids[i * micro:(i + 1) * micro])
+            acc = tuple(g / k for g in grads) if acc is None else add_fn(acc, grads)
+            total = total + loss / k
+        grad_norm, finite = apply_fn(acc)
+        return total, grad_norm, finite, scaler.scale_value
+    return accum_step
+
+
+@dataclass
+class History:
+    """Per-step rows of one run plus its summary (compile step apart from steady steps)."""
+    cfg: RunConfig
+    rows: list[dict] = field(default_factory=list)
+    n_params: int = 0
+    flops_per_token: int = 0
+    peak_flops: float = float("nan")
+    floor: float | None = None
+    csv_path: Path | None = None
+
+    def summary(self) -> dict[str, Any]:
+        s = summarize(self.rows)
+        s.update(run=self.cfg.name, mode=self.cfg.mode, loss_floor=self.floor,
+                 gap_to_floor=(s["final_loss"] - self.floor) if self.floor is not None else None)
+        return s
+
+    compile_time_s = property(lambda self: self.summary()["compile_time_s"])
+    median_step_s = property(lambda self: self.summary()["median_step_s"])
+    tokens_per_s = property(lambda self: self.summary()["tokens_per_s"])
+    mfu = property(lambda self: self.summary()["mfu"])
+    final_loss = property(lambda self: self.summary()["final_loss"])
+    peak_rss_mb = property(lambda self: self.summary()["peak_mem_mb"])
+
+    def column(self, key: str) -> list:
+        return [r[key] for r in self.rows]
+
+    def to_csv(self, path: str | Path) -> Path:
+        import csv
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(self.rows[0]))
+            w.writeheader()
+            w.writerows(self.rows)
+        return path
+
+
+def train(cfg: RunConfig, steps: int | None = None, callbacks: Iterable[Callable[[dict], Any]] = (), *,
+          csv_path: str | Path | None = None, progress: bool = True, peak_flops: float | None = None,
+          net=None) -> History:
+    """Train `cfg` for `steps` (default cfg.steps) steps and return its History.
+
+    callbacks: callables receiving each step's row (dict) after it is logged.
+    csv_path: where the per-step CSV goes (default build/runs/<name>-<mode>-s<seed>.csv).
+    peak_flops: the device's peak FLOP/s for MFU (default: measure_peak_flops()).
+    net: an already built model (default: build_model(cfg)).
+    """
+    steps = cfg.steps if steps is None else steps
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"train: steps={steps!r} is invalid; fix: pass a positive integer")
+    if steps > cfg.steps:
+        cfg = cfg.replace(steps=steps)    # the lr schedule must cover every step
+    cfg.validate()                          # before any MindSpore work
+
+    import mindspore as ms
+    from tqdm.auto import tqdm
+
+    from .data import entropy_floor, numpy_batches
+    from .device import setup
+    from .model import build_model, count_params
+
+    device = setup(mode=cfg.mode, seed=cfg.seed)
+    net = net if net is not None else build_model(cfg, device)
+    n_params = count_params(net)
+    fpt = flops_per_token(n_params, cfg.num_layers, cfg.hidden_size, cfg.seq_len)
+    peak = peak_flops or measure_peak_flops()
+    optimizer = make_optimizer(net, cfg)
+    step_fn = make_train_step(net, optimizer, cfg)
+    floor = entropy_floor(cfg.vocab_size) if cfg.data == "markov" else None
+    csv_path = Path(csv_path) if csv_path else build_dir("runs") / f"{cfg.name}-{cfg.mode}-s{cfg.seed}.csv"
+    logger = StepLogger(csv_path, cfg.tokens_per_step, fpt, peak, n_devices=cfg.dp)
+    hist = History(cfg, logger.rows, n_params, fpt, peak, floor, csv_path)
+
+    batches = numpy_batches(cfg.replace(batch_size=cfg.batch_size * cfg.grad_accum))
+    bar = tqdm(range(1, steps + 1), desc=f"{cfg.name} {cfg.mode}", disable=not progress, leave=False)
+    for step in bar:
+        x = ms.Tensor(next(batches), ms.int32)
+        t0 = time.perf_counter()
+        loss, grad_norm, finite, scale = step_fn(x)
+        loss = float(loss.asnumpy())       # synchronises: the step is done when its loss is on the host
+        dt = time.perf_counter() - t0
+        row = logger.log_step(step, loss, dt, lr=lr_at(cfg, step), grad_norm=float(grad_norm.asnumpy()),
+                              overflow=not bool(finite.asnumpy()), loss_scale=float(scale.asnumpy()))
+        bar.set_postfix(loss=f"{loss:.3f}", ms=f"{dt * 1e3:.0f}")
+        for cb in callbacks:
+            cb(row)
+    return hist
