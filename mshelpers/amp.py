@@ -229,20 +229,23 @@ class ScaledStepResult(NamedTuple):
     loss: float
     finite: bool
     scale: float
+    grad_norm: float
 
 
 def make_scaled_train_step(loss_net: Any, optimizer: Any, *, init_scale: float = 2.0 ** 16,
                            scale_factor: int = 2, scale_window: int = 1000, grad_clip: float = 0.0,
-                           jit: bool = True) -> Callable[..., ScaledStepResult]:
-    """A train step with `ms.amp.DynamicLossScaler` and `ms.amp.all_finite`.
+                           jit: bool = True) -> Callable[[Any], ScaledStepResult]:
+    """A train step with `ms.amp.DynamicLossScaler` and `ms.amp.all_finite`, with its knobs exposed.
 
-    `loss_net(*inputs)` must return the scalar loss (mindformers' LlamaForCausalLM does when
-    called with input_ids; wrap a plain network with `nn.WithLossCell(net, loss_fn)`). On a step
-    whose gradients overflow, the update is skipped and the scale divided by `scale_factor`;
-    after `scale_window` finite steps in a row it is multiplied by it.
+    `loss_net(x)` must take one tensor and return the scalar loss: mindformers'
+    LlamaForCausalLM called with input_ids does, and so does a hand-written LM whose
+    construct(input_ids) returns the loss. On a step whose gradients overflow, the update is
+    skipped and the scale divided by `scale_factor`; after `scale_window` finite steps in a row
+    it is multiplied by it. The step itself is `mshelpers.train.make_train_step` (one
+    implementation for the whole cookbook); this function only builds the scaler.
 
-    Returns `step(*inputs) -> ScaledStepResult(loss, finite, scale)` (Python numbers; `scale`
-    is the value after this step's adjustment).
+    Returns `step(x) -> ScaledStepResult(loss, finite, scale, grad_norm)` as Python numbers;
+    `scale` is the value after this step's adjustment. `step.scaler` is the scaler.
 
     Example:
         >>> step = make_scaled_train_step(net, nn.AdamWeightDecay(net.trainable_params(), 1e-3),
@@ -250,11 +253,11 @@ def make_scaled_train_step(loss_net: Any, optimizer: Any, *, init_scale: float =
         >>> r = step(input_ids); r.loss, r.finite, r.scale
     """
     import mindspore as ms
-    from mindspore import nn, ops
+    from mindspore import nn
 
     if not isinstance(loss_net, nn.Cell):
         raise ValueError(f"make_scaled_train_step: loss_net={type(loss_net).__name__} is not an nn.Cell; "
-                         f"fix: pass a Cell that returns the loss, e.g. nn.WithLossCell(net, loss_fn)")
+                         f"fix: pass a Cell whose construct(x) returns the loss")
     if not isinstance(optimizer, nn.Optimizer):
         raise ValueError(f"make_scaled_train_step: optimizer={type(optimizer).__name__} is not an "
                          f"nn.Optimizer; fix: e.g. nn.AdamWeightDecay(net.trainable_params(), 1e-3)")
@@ -268,32 +271,20 @@ def make_scaled_train_step(loss_net: Any, optimizer: Any, *, init_scale: float =
     if not (isinstance(grad_clip, (int, float)) and grad_clip >= 0):
         raise ValueError(f"make_scaled_train_step: grad_clip={grad_clip!r} must be >= 0 (0 disables clipping)")
 
+    from .config import RunConfig
+    from .train import make_train_step
+
     scaler = ms.amp.DynamicLossScaler(scale_value=float(init_scale), scale_factor=scale_factor,
                                       scale_window=scale_window)
+    # make_train_step reads only mode, grad_clip, grad_accum and dynamic_loss_scale from the config
+    cfg = RunConfig().replace(mode="graph" if jit else "pynative", grad_clip=float(grad_clip),
+                              dynamic_loss_scale=True, loss_scale=float(init_scale))
+    inner = make_train_step(loss_net, optimizer, cfg, loss_scaler=scaler)
 
-    def forward(*inputs):
-        return scaler.scale(loss_net(*inputs))
+    def step(x: Any) -> ScaledStepResult:
+        loss, grad_norm, finite, scale = inner(x)
+        return ScaledStepResult(float(loss.asnumpy()), bool(finite.asnumpy()), float(scale.asnumpy()),
+                                float(grad_norm.asnumpy()))
 
-    grad_fn = ms.value_and_grad(forward, grad_position=None, weights=optimizer.parameters)
-
-    def step(*inputs):
-        scaled_loss, grads = grad_fn(*inputs)
-        loss = scaler.unscale(scaled_loss)
-        grads = scaler.unscale(grads)
-        finite = ms.amp.all_finite(grads)
-        if finite:
-            if grad_clip > 0:
-                grads = ops.clip_by_global_norm(grads, grad_clip)
-            loss = ops.depend(loss, optimizer(grads))
-        # adjust() halves the scale on overflow and grows it after scale_window clean steps
-        finite = ops.depend(finite, scaler.adjust(finite))
-        return loss, finite, scaler.scale_value.value()
-
-    compiled = ms.jit(step) if jit else step
-
-    def run(*inputs: Any) -> ScaledStepResult:
-        loss, finite, scale = compiled(*inputs)
-        return ScaledStepResult(float(loss.asnumpy()), bool(finite.asnumpy()), float(scale.asnumpy()))
-
-    run.scaler = scaler  # exposed so callers can read or reset the scale
-    return run
+    step.scaler = scaler
+    return step
