@@ -108,6 +108,13 @@ def peak_memory_mb() -> float:
             return dev / 2**20
     except Exception:  # noqa: BLE001
         pass
+    try:  # VmHWM is this process's own peak; ru_maxrss would include a forking parent's
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return ru / 2**20 if sys.platform == "darwin" else ru / 1024
 

@@ -39,7 +39,18 @@ class Benchmark:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MiB (Linux reports KiB, macOS bytes)."""
+    """Peak resident set size of this process so far, in MiB.
+
+    On Linux this reads VmHWM from /proc/self/status: `getrusage().ru_maxrss` survives
+    fork+exec, so a fresh child would report its (large) parent's peak instead of its own.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return ru / 2**20 if sys.platform == "darwin" else ru / 1024
 

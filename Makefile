@@ -1,0 +1,45 @@
+# Two commands on a fresh machine:  make cookbook   and   make test
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+
+.PHONY: venv cookbook test unit nbval lab bench clean
+venv: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/pip install -r requirements.txt
+	$(BIN)/pip install --no-deps -e .
+	@touch $(STAMP)
+
+# Execute every notebook in order, headless; executed copies go to build/notebooks/.
+cookbook: $(STAMP)
+	@mkdir -p build/notebooks
+	@for nb in $(NOTEBOOKS); do \
+	  echo "==> $$nb"; \
+	  $(BIN)/jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=900 \
+	    --output-dir build/notebooks "$$nb" || exit 1; \
+	done
+	@echo; echo "Executed notebooks: $(CURDIR)/build/notebooks/"
+	@echo "Run CSVs:           $(CURDIR)/build/runs/"
+	@test ! -e build/report/report.html || echo "Evaluation report:  $(CURDIR)/build/report/report.html"
+
+test: unit nbval
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests
+
+nbval: $(STAMP)
+	$(BIN)/pytest -q --nbval-lax --nbval-cell-timeout=900 notebooks/
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --notebook-dir=notebooks
+
+bench: $(STAMP)
+	@for b in bench/bench_*.py; do echo "==> $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf build notebooks/output

@@ -1,0 +1,72 @@
+import math
+import warnings
+
+import pytest
+
+from mshelpers.metrics import StepLogger, flops_per_token, measure_peak_flops, mfu, summarize
+from mshelpers.table import append_csv, markdown_table, read_csv
+
+
+def test_flops_per_token_palm_formula():
+    # 6N + 12 L H T, worked by hand for the mini preset
+    assert flops_per_token(3_688_704, 4, 256, 128) == 6 * 3_688_704 + 12 * 4 * 256 * 128 == 23_705_088
+    assert flops_per_token(10, 1, 1, 1, attention=False) == 60
+
+
+@pytest.mark.parametrize("kw, field", [(dict(n_params=0), "n_params"), (dict(seq_len=-5), "seq_len"),
+                                       (dict(hidden_size=2.5), "hidden_size")])
+def test_flops_per_token_bad_input(kw, field):
+    args = dict(n_params=100, n_layers=2, hidden_size=8, seq_len=4) | kw
+    with pytest.raises(ValueError, match=f"{field}=.*positive integer"):
+        flops_per_token(**args)
+
+
+def test_mfu_value_and_impossible_claim_warns():
+    assert mfu(1000, 1e9, 2, 1e12) == pytest.approx(0.5)
+    with pytest.warns(UserWarning, match="impossible"):
+        assert mfu(3000, 1e9, 1, 1e12) == pytest.approx(3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mfu(100, 1e9, 1, 1e12)   # plausible: no warning
+
+
+def test_mfu_bad_peak_names_the_fix():
+    with pytest.raises(ValueError, match="peak_flops_per_device=0.*measure_peak_flops"):
+        mfu(1, 1, 1, 0)
+    with pytest.raises(ValueError, match="n_devices=0"):
+        mfu(1, 1, 0, 1e9)
+
+
+def test_measure_peak_flops_is_plausible_for_a_cpu():
+    peak = measure_peak_flops(n=512, repeats=3)
+    assert 1e8 < peak < 1e14
+
+
+def test_step_logger_csv_and_summary(tmp_path):
+    log = StepLogger(tmp_path / "run.csv", tokens_per_step=1000, flops_per_token=1e6, peak_flops_per_device=1e10)
+    for s, (loss, dt) in enumerate([(5.0, 2.0), (4.0, 0.1), (3.0, 0.2), (2.5, 0.1)], start=1):
+        log.log_step(s, loss, dt, lr=0.1, grad_norm=1.0, overflow=(s == 3), loss_scale=2.0)
+    rows = read_csv(tmp_path / "run.csv")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[1]["tokens_per_s"] == pytest.approx(10_000)
+    assert rows[2]["overflow"] is True and rows[0]["mfu"] == pytest.approx(1000 / 2.0 * 1e6 / 1e10)
+    s = summarize(log.rows)
+    assert s["compile_time_s"] == 2.0 and s["median_step_s"] == pytest.approx(0.1)
+    assert s["final_loss"] == 2.5 and s["overflow_steps"] == 1 and s["peak_mem_mb"] > 0
+
+
+def test_step_logger_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="tokens_per_step=0"):
+        StepLogger(None, 0, 1.0, 1.0)
+
+
+def test_markdown_table_and_csv(tmp_path):
+    t = markdown_table([{"run": "a", "ms": 1312.0}, {"run": "b", "ms": 201.5, "x": 1}])
+    lines = t.splitlines()
+    assert lines[0].split("|")[1].strip() == "run" and "x" in lines[0] and "201.5" in lines[3]
+    p = append_csv({"a": 1, "b": 2.5}, tmp_path / "r.csv")
+    append_csv({"a": 3, "b": 4.0}, p)
+    assert read_csv(p) == [{"a": 1, "b": 2.5}, {"a": 3, "b": 4.0}]
+    with pytest.raises(ValueError, match="key 'c' is not a column"):
+        append_csv({"a": 1, "c": 2}, p)
+    with pytest.raises(ValueError, match="rows is empty"):
+        markdown_table([])

@@ -1,0 +1,73 @@
+"""The runner on the real mindformers model (tiny preset, a few steps: about 30 s)."""
+import math
+
+import numpy as np
+import pytest
+
+from mshelpers.config import RunConfig
+from mshelpers.model import build_model, count_params, llama_config, precision_knobs
+from mshelpers.table import read_csv
+from mshelpers.train import lr_at, train
+
+
+def test_mini_parameter_count_matches_mindformers():
+    assert count_params(build_model(RunConfig.preset("mini"))) == 3_688_704
+
+
+def test_cpu_flags_only_on_cpu():
+    cfg = RunConfig.preset("tiny")
+    cpu = llama_config(cfg, device="CPU")
+    assert cpu.use_flash_attention is False and cpu.use_rope_slice is True and cpu.fused_rms_norm is False
+    assert cpu.disable_lazy_inline is True
+    asc = llama_config(cfg, device="Ascend")
+    assert not getattr(asc, "disable_lazy_inline", False) and asc.use_rope_slice is False
+
+
+def test_precision_knobs_per_amp_level():
+    cfg = RunConfig.preset("tiny")
+    assert set(precision_knobs(cfg).values()) == {"float32"}
+    o2 = precision_knobs(cfg.replace(amp_level="O2"))
+    assert o2["compute_dtype"] == "float16" and o2["param_init_type"] == "float32"
+    assert set(precision_knobs(cfg.replace(amp_level="O3", compute_dtype="bfloat16")).values()) == {"bfloat16"}
+
+
+def test_bad_config_fails_before_mindspore_work():
+    with pytest.raises(ValueError, match="RunConfig.hidden_size=250"):
+        train(RunConfig.preset("tiny").replace(hidden_size=250))
+    with pytest.raises(ValueError, match="steps=0"):
+        train(RunConfig.preset("tiny"), steps=0)
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = RunConfig.preset("mini").replace(lr=1.0, warmup_steps=4, steps=20)
+    assert lr_at(cfg, 2) == pytest.approx(0.5) and lr_at(cfg, 4) == pytest.approx(1.0)
+    assert lr_at(cfg, 20) == pytest.approx(0.1) and lr_at(cfg, 12) < lr_at(cfg, 5)
+
+
+def test_graph_and_pynative_train_the_same_and_loss_falls(tmp_path):
+    cfg = RunConfig.preset("tiny").replace(steps=8)
+    g = train(cfg.replace(mode="graph"), csv_path=tmp_path / "g.csv", progress=False, peak_flops=1e11)
+    p = train(cfg.replace(mode="pynative"), steps=3, csv_path=tmp_path / "p.csv", progress=False, peak_flops=1e11)
+    gl = [r["loss"] for r in g.rows]
+    assert gl[-1] < gl[0] - 0.5                      # it learns
+    assert math.log(cfg.vocab_size) - 0.3 < gl[0] < math.log(cfg.vocab_size) + 0.3
+    np.testing.assert_allclose([r["loss"] for r in p.rows], gl[:3], rtol=1e-4)
+    rows = read_csv(tmp_path / "g.csv")
+    assert len(rows) == 8 and {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "overflow"} <= set(rows[0])
+    s = g.summary()
+    assert s["compile_time_s"] > s["median_step_s"] and s["overflow_steps"] == 0
+    assert g.floor is not None and 0 < g.floor < gl[-1]
+
+
+def test_grad_accum_matches_one_big_batch(tmp_path):
+    cfg = RunConfig.preset("tiny").replace(steps=3, mode="graph", batch_size=4, grad_clip=0.0)
+    one = train(cfg, csv_path=tmp_path / "a.csv", progress=False, peak_flops=1e11)
+    two = train(cfg.replace(batch_size=2, grad_accum=2), csv_path=tmp_path / "b.csv", progress=False,
+                peak_flops=1e11)
+    np.testing.assert_allclose([r["loss"] for r in two.rows], [r["loss"] for r in one.rows], rtol=1e-4)
+
+
+def test_dynamic_loss_scale_is_logged(tmp_path):
+    cfg = RunConfig.preset("tiny").replace(steps=3, mode="graph", dynamic_loss_scale=True, loss_scale=2.0 ** 10)
+    h = train(cfg, csv_path=tmp_path / "s.csv", progress=False, peak_flops=1e11)
+    assert [r["loss_scale"] for r in h.rows] == [1024.0] * 3
