@@ -1,0 +1,173 @@
+"""mshelpers.parallel: layout validity, the planner's cost formulas on hand-worked cases, the bubble
+against a simulated schedule, mindformers' own checks, and (slow, msrun) the 2-rank tensor-parallel block.
+"""
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+from mshelpers import memory, parallel
+from mshelpers.config import RunConfig
+from mshelpers.parallel import (Hardware, Layout, communication_bytes, estimate_step_time, find_layout,
+                                make_layout, pipeline_bubble_fraction, plan_parallel_layout,
+                                ring_allreduce_bytes, simulate_pipeline, tp_allreduce_buffer_bytes,
+                                validate_layout)
+
+L7 = RunConfig.preset("llama2-7b")
+MINI = RunConfig.preset("mini")
+
+
+def test_doctests():
+    assert doctest.testmod(parallel).failed == 0
+
+
+# ---------------------------------------------------------------- bubble
+@pytest.mark.parametrize("p,m,expected", [(1, 1, 0.0), (2, 2, 1 / 3), (4, 12, 0.2), (8, 8, 7 / 15)])
+def test_bubble_formula(p, m, expected):
+    assert pipeline_bubble_fraction(p, m) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(2, 2), (4, 4), (4, 16), (8, 8), (3, 7)])
+def test_simulated_schedule_idles_as_the_formula_says(schedule, p, m):
+    sim = simulate_pipeline(p, m, schedule=schedule)
+    assert sim["idle_fraction"] == pytest.approx(pipeline_bubble_fraction(p, m), abs=1e-12)
+    assert len(sim["ops"]) == 2 * p * m
+    # 1F1B never holds more than p micro-batches in flight on stage 0 (why it needs less memory than GPipe)
+    if schedule == "1f1b":
+        in_flight, worst = 0, 0
+        for s, kind, i, start, end in sorted((o for o in sim["ops"] if o[0] == 0), key=lambda o: o[3]):
+            in_flight += 1 if kind == "F" else -1
+            worst = max(worst, in_flight)
+        assert worst <= p
+
+
+# ---------------------------------------------------------------- validity
+@pytest.mark.parametrize("args, words", [
+    ((8, 4, 2, 2), ["dp*mp*pp", "n_devices=32"]),
+    ((8, 3, 1, 1), ["mp=3", "num_heads=32"]),
+    ((2, 1, 3, 3), ["dp*mp*pp"]),
+    ((1, 1, 32, 32), None),                      # valid
+    ((32, 1, 1, 4), ["global_batch=64", "dp*micro_batches"]),
+    ((4, 1, 8, 4), ["micro_batches=4 < pp=8"]),
+])
+def test_validate_layout_names_the_constraint(args, words):
+    n = args[0] * args[1] * args[2] if words is None or "dp*mp*pp" not in words else 32
+    if words is None:
+        validate_layout(L7, *args, n_devices=n, global_batch=64)
+        return
+    with pytest.raises(ValueError) as e:
+        validate_layout(L7, *args, n_devices=n, global_batch=64)
+    for w in words:
+        assert w in str(e.value)
+    assert "fix:" in str(e.value)
+
+
+def test_validate_layout_ffn_and_layers():
+    odd = L7.replace(ffn_hidden_size=11000)          # 11000 = 8 * 1375, not divisible by 16
+    with pytest.raises(ValueError, match="ffn_hidden_size=11000"):
+        validate_layout(odd, 2, 16, 1, 1, n_devices=32, global_batch=64)
+    with pytest.raises(ValueError, match="pp=3 does not divide num_layers=32"):
+        validate_layout(L7, 1, 1, 3, 3, n_devices=3, global_batch=9)
+
+
+def test_validate_layout_rejects_non_integers():
+    with pytest.raises(ValueError, match="mp=0"):
+        validate_layout(L7, 8, 0, 1, 1, n_devices=32, global_batch=64)
+
+
+# ---------------------------------------------------------------- communication
+def test_dp_allreduce_bytes_for_mini_on_two_ranks():
+    c = communication_bytes(MINI, 2, 1, 1, global_batch=8)
+    assert c["dp"] == 3_688_704 * 4          # fp32 grads, ring factor 2(n-1)/n = 1
+    assert c["tp"] == 0 and c["pp"] == 0
+
+
+def test_tp_bytes_hand_worked_for_7b_8dp_4mp():
+    c = communication_bytes(L7, 8, 4, 1, 1, global_batch=64, seq_len=4096)
+    buf = 8 * 4096 * 4096 * 2                # b·s·h bf16 per all-reduce
+    assert c["tp_buffer_bytes"] == buf == tp_allreduce_buffer_bytes(8, 4096, 4096, 2)
+    assert c["tp"] == 130 * buf * 3 // 2     # (4·32 + 2) all-reduces, ring factor 2·3/4
+    assert c["dp"] == ring_allreduce_bytes(-(-6_738_415_616 // 4) * 2, 8)
+
+
+def test_more_mp_moves_more_activation_bytes_at_fixed_devices():
+    a = communication_bytes(L7, 8, 4, 1, 1, global_batch=64, seq_len=4096)
+    b = communication_bytes(L7, 4, 8, 1, 1, global_batch=64, seq_len=4096)
+    assert b["tp"] > a["tp"] and b["dp"] < a["dp"]
+
+
+def test_pipeline_traffic_and_recompute_allreduces():
+    c = communication_bytes(L7, 2, 4, 4, 8, global_batch=64, seq_len=4096)
+    assert c["pp"] == 8 * 2 * tp_allreduce_buffer_bytes(4, 4096, 4096, 2)
+    full = communication_bytes(L7.replace(recompute="full"), 8, 4, 1, 1, global_batch=64, seq_len=4096)
+    assert full["tp_allreduces"] == 6 * 32 + 2
+
+
+# ---------------------------------------------------------------- planner
+def test_planner_returns_only_valid_layouts_best_first():
+    plans = plan_parallel_layout(L7, 32, global_batch=64, seq_len=4096)
+    assert plans and all(isinstance(p, Layout) for p in plans)
+    for p in plans:
+        validate_layout(L7, p.dp, p.mp, p.pp, p.micro_batches, n_devices=32, global_batch=64)
+        assert p.n_devices == 32
+        assert p.bubble_fraction == pipeline_bubble_fraction(p.pp, p.micro_batches)
+    keys = [(p.bubble_fraction, p.comm_bytes_per_step) for p in plans]
+    assert keys == sorted(keys)
+    find_layout(plans, 8, 4)
+    find_layout(plans, 4, 8)
+    with pytest.raises(ValueError, match="dp=5"):
+        find_layout(plans, 5, 4)
+
+
+def test_planner_memory_comes_from_mshelpers_memory():
+    lay = make_layout(L7, 4, 8, 1, 16, global_batch=64, seq_len=4096, zero_stage=1)
+    est = memory.estimate(L7.replace(batch_size=64), n_devices=32, layout=lay, zero_stage=1)
+    assert lay.memory_per_device_bytes == est["total"]
+    assert lay.model_state_bytes == est["params"] + est["grads"] + est["optimizer_states"]
+
+
+def test_memory_budget_and_hardware_ranking():
+    budget = 40 * 2**30
+    plans = plan_parallel_layout(L7, 32, global_batch=64, seq_len=4096, memory_budget_bytes=budget)
+    fits = [p.fits for p in plans]
+    assert fits == sorted(fits, reverse=True) and any(fits) and not all(fits)
+    hw = Hardware(peak_flops_per_device=1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=1e10)
+    timed = plan_parallel_layout(L7, 32, global_batch=64, seq_len=4096, hardware=hw, micro_batches=[8])
+    steps = [p.step_time["step_s"] for p in timed]
+    assert steps == sorted(steps)
+
+
+def test_step_time_uses_inter_node_bandwidth_only_for_groups_that_cross_nodes():
+    lay = make_layout(L7, 8, 4, 1, 1, global_batch=64, seq_len=4096)
+    slow = Hardware(1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=1e10, devices_per_node=8)
+    fast = Hardware(1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=2e10, devices_per_node=8)
+    a = estimate_step_time(L7, lay, slow, global_batch=64, seq_len=4096)
+    b = estimate_step_time(L7, lay, fast, global_batch=64, seq_len=4096)
+    assert a["tp_comm_s"] == b["tp_comm_s"]                  # 4-way tp stays inside an 8-device node
+    assert a["dp_comm_s"] == pytest.approx(2 * b["dp_comm_s"])  # the 32-rank span of dp crosses nodes
+    assert 0 < a["comm_share"] < 1
+
+
+def test_planner_bad_input():
+    with pytest.raises(ValueError, match="n_devices=0"):
+        plan_parallel_layout(L7, 0, global_batch=64)
+    with pytest.raises(ValueError, match="no valid layout"):
+        plan_parallel_layout(L7, 3, global_batch=1)
+
+
+# ---------------------------------------------------------------- mindformers' own checks (imports mindformers, ~8 s)
+def test_mindformers_accepts_the_planned_layout_and_rejects_a_bad_split():
+    mf = pytest.importorskip("mindformers")
+    assert mf
+    lay = find_layout(plan_parallel_layout(L7, 32, global_batch=64, seq_len=4096), 4, 8)
+    pc = parallel.validate_with_mindformers(L7, lay)
+    assert (pc.data_parallel, pc.model_parallel, pc.pipeline_stage) == (4, 8, 1)
+    bad = Layout(dp=1, mp=3, pp=1, micro_batches=1, micro_batch_size=1, memory_per_device_bytes=0,
+                 comm_bytes_per_step=0, bubble_fraction=0.0)
+    with pytest.raises(ValueError, match="n_head"):
+        parallel.validate_with_mindformers(L7, bad)
+    bad_ffn = L7.replace(num_heads=48, hidden_size=4608)  # 48 heads split 3 ways, but 11008 is not
+    with pytest.raises(ValueError, match="hidden_dim"):
+        parallel.validate_with_mindformers(bad_ffn, bad)
