@@ -5,7 +5,7 @@ Example:
     >>> print(markdown_table([{"run": "pynative", "step_ms": 1312.0}, {"run": "graph", "step_ms": 201.5}]))
     | run      | step_ms |
     |----------|---------|
-    | pynative | 1312    |
+    | pynative | 1,312   |
     | graph    | 201.5   |
 """
 from __future__ import annotations
@@ -23,9 +23,9 @@ def _fmt(v: Any, digits: int) -> str:
     if isinstance(v, float):
         if math.isnan(v) or math.isinf(v):
             return str(v)
-        if v != 0 and (abs(v) >= 1e6 or abs(v) < 10 ** -digits):
-            return f"{v:.{digits}g}"
-        return f"{v:.{digits}g}" if abs(v) < 1 else f"{round(v, digits):,.{digits}f}".rstrip("0").rstrip(".")
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"        # 2,093 not 2092.9431: big values are read by magnitude
+        return f"{v:.{digits}g}"
     if isinstance(v, int):
         return f"{v:,}" if abs(v) >= 10_000 else str(v)
     return str(v)
