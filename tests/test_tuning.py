@@ -1,0 +1,149 @@
+"""mshelpers.tuning: MindIR round trip, AOE command/switches, and the autotune loop."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from mshelpers import tuning as T
+
+
+# ----------------------------------------------------------------------------- MindIR
+def test_mindir_roundtrip_of_tiny_llama_is_bitwise_identical(tmp_path):
+    import mindspore as ms
+
+    from mshelpers.config import RunConfig
+    from mshelpers.device import setup
+    from mshelpers.model import build_model
+
+    cfg = RunConfig.preset("tiny").replace(mode="graph")
+    setup(mode="graph", device="CPU", seed=0)
+    net = build_model(cfg)
+    net.set_train(False)                               # inference graph: input_ids -> logits
+    x = ms.Tensor(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, cfg.seq_len)).astype(np.int32))
+    r = T.mindir_roundtrip(net, x, tmp_path / "tiny")
+    assert r["identical"] and r["max_abs_diff"] == 0.0
+    assert r["output_shape"] == (1, cfg.seq_len, cfg.vocab_size)
+    assert r["file"].endswith("tiny.mindir") and os.path.getsize(r["file"]) > 0
+    # The parameters dominate the file: 4 bytes per float32 parameter, within 20%.
+    n_params = sum(p.size for p in net.get_parameters())
+    assert 0.8 < r["file_mb"] * 2**20 / (4 * n_params) < 1.2
+    cell, load_s = T.load_mindir(r["file"])
+    assert load_s >= 0 and np.array_equal(cell(x)[0].asnumpy(), net(x)[0].asnumpy())
+
+
+def test_mindir_helpers_reject_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="load_mindir"):
+        T.load_mindir(tmp_path / "missing.mindir")
+    with pytest.raises(ValueError, match="inputs"):
+        T.export_mindir(object(), [np.zeros(3)], tmp_path / "x")
+
+
+# ----------------------------------------------------------------------------- AOE
+def test_aoe_command_for_air_model(tmp_path):
+    cmd = T.aoe_command("build/mini.air", 2, tmp_path)
+    assert cmd == ["aoe", "--model=build/mini.air", "--framework=1", "--job_type=2",
+                   f"--output={tmp_path / 'mini_aoe'}"]
+    assert T.aoe_command("m.onnx", "1", tmp_path)[2:4] == ["--framework=5", "--job_type=1"]
+    assert T.aoe_env(tmp_path)["TUNE_BANK_PATH"].endswith("tune_bank")
+
+
+@pytest.mark.parametrize("args, match", [
+    (("mini.mindir", 2, "out"), "MindIR"),
+    (("mini.txt", 2, "out"), "suffix"),
+    (("mini.air", 3, "out"), "job_type=3"),
+    (("mini.air", True, "out"), "job_type=True"),
+    (("mini.air", 1, ""), "output_dir"),
+])
+def test_aoe_command_rejects_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        T.aoe_command(*args)
+
+
+def test_aoe_available_follows_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert T.aoe_available() is False
+    fake = tmp_path / "aoe"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    assert T.aoe_available() is True
+
+
+def test_online_tuning_switch_matches_installed_mindspore():
+    import mindspore as ms
+    api = T.online_tuning_api()
+    has_new = hasattr(ms, "device_context") and hasattr(ms.device_context.ascend.op_tuning, "aoe_tune_mode")
+    assert api == ("mindspore.device_context.ascend.op_tuning" if has_new else "mindspore.set_context")
+    code = T.online_tuning_code(1)
+    assert ('aoe_job_type("1")' in code) if has_new else ('"job_type": "1"' in code)
+    compile(code, "<online_tuning_code>", "exec")          # the printed lines are valid Python
+
+
+def test_enable_online_tuning_refuses_cpu():
+    from mshelpers.device import DeviceUnavailable, setup
+    setup(mode="graph", device="CPU")
+    with pytest.raises(DeviceUnavailable, match="aoe_tune_mode"):
+        T.enable_online_tuning(2)
+
+
+# ----------------------------------------------------------------------------- autotune
+def test_autotune_picks_lowest_median_round_robin_and_saves(tmp_path):
+    cost = {1: [0.30, 0.31, 0.90], 2: [0.20, 0.50, 0.21], 4: [0.25, 0.26, 0.24]}
+    calls = []
+
+    def measure(cfg):
+        k = cfg["grad_accum"]
+        calls.append(k)
+        return cost[k][sum(1 for c in calls if c == k) - 1]
+
+    cands = [{"grad_accum": 1}, {"grad_accum": 2}, {"grad_accum": 4}]
+    res = T.autotune(cands, measure, repeats=3, save_to=tmp_path / "t.json", baseline={"grad_accum": 1},
+                     progress=False)
+    assert calls == [1, 2, 4] * 3                                   # interleaved, not blocked
+    assert res.best == {"grad_accum": 2}                             # median 0.21 < 0.25 < 0.31
+    assert [r["config"]["grad_accum"] for r in res.rows] == [2, 4, 1]
+    assert res.rows[0]["median_s"] == pytest.approx(0.21)
+    assert res.speedup == pytest.approx(0.31 / 0.21)
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert saved["best"] == {"grad_accum": 2} and len(saved["results"]) == 3
+    assert T.load_best(tmp_path / "t.json") == {"grad_accum": 2}
+
+
+def test_autotune_accepts_all_repeats_from_one_call():
+    calls = []
+
+    def measure(cfg):
+        calls.append(cfg["t"])
+        return [cfg["t"]] * 3
+
+    res = T.autotune([{"t": 2.0}, {"t": 1.0}], measure, repeats=3, progress=False)
+    assert calls == [2.0, 1.0] and res.best == {"t": 1.0}
+
+
+@pytest.mark.parametrize("cands, repeats, match", [
+    ([], 3, "candidates"),
+    ({"a": 1}, 3, "candidates"),
+    ([{"a": 1}, {"a": 1}], 3, "duplicates"),
+    ([{"a": 1}], 0, "repeats=0"),
+])
+def test_autotune_rejects_bad_input(cands, repeats, match):
+    with pytest.raises(ValueError, match=match):
+        T.autotune(cands, lambda c: 1.0, repeats=repeats, progress=False)
+
+
+def test_autotune_rejects_non_finite_measurements_and_missing_files(tmp_path):
+    with pytest.raises(ValueError, match="finite"):
+        T.autotune([{"a": 1}], lambda c: float("nan"), repeats=1, progress=False)
+    with pytest.raises(ValueError, match="load_best"):
+        T.load_best(tmp_path / "none.json")
+
+
+def test_cpu_knob_helpers_validate():
+    with pytest.raises(ValueError, match="n=0"):
+        T.set_cpu_op_threads(0)
+    from mshelpers.config import RunConfig
+    with pytest.raises(ValueError, match="steps=0"):
+        T.TrainStepTimer(RunConfig.preset("tiny"), steps=0)
