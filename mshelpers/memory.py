@@ -174,7 +174,7 @@ def output_activation_bytes(seq_len: int, batch: int, vocab_size: int, *, tp: in
 def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: int = 0,
              accounting: str | None = None, bytes_per_value: int | None = None,
              sequence_parallel: bool | None = None, offload_optimizer: bool = False,
-             overhead_bytes: int = 0) -> dict[str, int]:
+             activation_scale: float = 1.0, overhead_bytes: float = 0) -> dict[str, int]:
     """Peak training memory per device for a RunConfig, as a breakdown dict (bytes).
 
     Parallel degrees come from `layout` (any object with dp, mp (or tp), pp, micro_batches)
@@ -182,13 +182,19 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
     Micro-batch per device = cfg.batch_size / (dp · micro_batches); gradient accumulation
     keeps that micro-batch and adds a gradient-sized accumulation buffer. Under 1F1B pipeline
     the first stage holds min(pp, micro_batches) micro-batches of its L/pp layers.
+    With recompute on, the backward of each layer rematerialises what that layer dropped,
+    so the peak adds one layer's dropped activations ("recompute_working_set"): Korthikanti's
+    table counts only what is stored between forward and backward.
     Defaults follow cfg.compute_dtype: float32 -> accounting "fp32" and 4-byte activations;
     float16/bfloat16 -> "mixed" and 2-byte activations. `offload_optimizer=True` moves the
     optimizer states to host memory (reported as "host_optimizer_states", not in "total").
-    `overhead_bytes` adds a measured constant (runtime, compiled graph, allocator pool).
+    `activation_scale` and `overhead_bytes` calibrate the estimate against a measurement
+    (see `calibrate`): activations are multiplied by the scale, and the constant (runtime,
+    compiled graph, allocator pool) is added to the total.
 
     Keys: n_params (count, whole model), params, grads, optimizer_states, activations
-    (layers + output logits), activations_per_layer, output_activations, grad_accum_buffer,
+    (stored layers + recompute working set + output logits, times activation_scale),
+    activations_per_layer, recompute_working_set, output_activations, grad_accum_buffer,
     largest_activation (the biggest single activation tensor: logits or attention scores),
     host_optimizer_states, overhead, total (the per-device sum).
 
@@ -203,8 +209,12 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
     cfg.validate()
     if not isinstance(n_devices, int) or isinstance(n_devices, bool) or n_devices <= 0:
         raise ValueError(f"estimate: n_devices={n_devices!r} is invalid; fix: pass a positive integer")
-    if not isinstance(overhead_bytes, (int, float)) or overhead_bytes < 0:
+    if not isinstance(overhead_bytes, (int, float)) or isinstance(overhead_bytes, bool) or not overhead_bytes >= 0:
         raise ValueError(f"estimate: overhead_bytes={overhead_bytes!r} is invalid; fix: pass a number >= 0")
+    if not isinstance(activation_scale, (int, float)) or isinstance(activation_scale, bool) \
+            or not activation_scale > 0:
+        raise ValueError(f"estimate: activation_scale={activation_scale!r} is invalid; "
+                         "fix: pass a positive number (1.0 = the formulas as published)")
     dp, tp, pp, micro = _degrees(cfg, n_devices, layout)
     if cfg.batch_size % (dp * micro):
         raise ValueError(f"estimate: cfg.batch_size={cfg.batch_size} is not divisible by dp*micro_batches = "
@@ -222,6 +232,11 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
                                            sequence_parallel=sp, recompute=cfg.recompute, bytes_per_value=bpv)
     in_flight = min(pp, micro)
     layers = per_layer * (cfg.num_layers // pp) * in_flight
+    working = 0
+    if cfg.recompute != "none":
+        working = activation_bytes_per_layer(cfg.seq_len, b, cfg.hidden_size, cfg.num_heads, tp=tp,
+                                             sequence_parallel=sp, recompute="none",
+                                             bytes_per_value=bpv) - per_layer
     output = output_activation_bytes(cfg.seq_len, b, cfg.vocab_size, tp=tp, bytes_per_value=bpv)
     # Accumulated gradients live next to the per-micro-step ones; sharded like them under ZeRO-2/3.
     accum = states["grads"] if cfg.grad_accum > 1 else 0
@@ -230,10 +245,11 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
     host = states["optimizer_states"] if offload_optimizer else 0
     out = {"n_params": n_params, "params": states["params"], "grads": states["grads"],
            "optimizer_states": states["optimizer_states"] - host,
-           "activations": layers + output, "activations_per_layer": per_layer,
+           "activations": math.ceil((layers + working + output) * activation_scale),
+           "activations_per_layer": per_layer, "recompute_working_set": working,
            "output_activations": output, "grad_accum_buffer": accum,
            "largest_activation": max(scores, logits), "host_optimizer_states": host,
-           "overhead": int(overhead_bytes)}
+           "overhead": math.ceil(overhead_bytes)}
     out["total"] = (out["params"] + out["grads"] + out["optimizer_states"] + out["activations"]
                     + accum + out["overhead"])
     return out
@@ -281,6 +297,38 @@ def max_batch_for_budget(cfg: Any, budget_bytes: float, *, limit: int = 1 << 20,
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
     return lo * unit
+
+
+def calibrate(estimates: list[dict], measured_bytes: list[float]) -> dict[str, float]:
+    """Fit measured ≈ overhead + model states + scale · activations over several runs.
+
+    `estimates` are `estimate(...)` dicts (made with the default scale 1 and no overhead),
+    `measured_bytes` the peaks measured for the same configs. Model states are taken as
+    exact; a least-squares line through (activations, measured - states) gives the
+    activation scale (slope) and the constant overhead (intercept). The result is a dict
+    of keywords for `estimate`, `fits` and `max_batch_for_budget`.
+
+        >>> es = [{"activations": a, "params": 1, "grads": 1, "optimizer_states": 2,
+        ...        "grad_accum_buffer": 0} for a in (10, 20, 40)]
+        >>> calibrate(es, [4 + 100 + 2 * a for a in (10, 20, 40)])
+        {'activation_scale': 2.0, 'overhead_bytes': 100.0}
+    """
+    if len(estimates) != len(measured_bytes) or len(estimates) < 2:
+        raise ValueError(f"calibrate: got {len(estimates)} estimates and {len(measured_bytes)} measurements; "
+                         "fix: pass two equally long lists with at least 2 runs of different sizes")
+    xs = [float(e["activations"]) for e in estimates]
+    ys = [float(m) - (e["params"] + e["grads"] + e["optimizer_states"] + e.get("grad_accum_buffer", 0))
+          for e, m in zip(estimates, measured_bytes)]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        raise ValueError("calibrate: all runs have the same activation estimate; "
+                         "fix: measure at least two different batch sizes or sequence lengths")
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    if slope <= 0:
+        raise ValueError(f"calibrate: measured peaks do not grow with the activations (slope={slope:.3g}); "
+                         "fix: measure over a wider range of batch sizes, each in a fresh process")
+    return {"activation_scale": round(slope, 4), "overhead_bytes": round(max(0.0, my - slope * mx), 0)}
 
 
 # ---------------------------------------------------------------- measurement
@@ -383,6 +431,21 @@ def allocate_bytes(n_bytes: int, hold_s: float = 0.0) -> int:
     if hold_s:
         time.sleep(hold_s)
     return len(buf)
+
+
+def train_for_peak(cfg: Any, steps: int = 5, peak_flops: float | None = None) -> dict:
+    """Train `cfg` for `steps` steps with `mshelpers.train.train`; return its summary dict.
+
+    A ready-made `measure_peak` workload: `measure_peak(train_for_peak, cfg, 5)` gives the
+    peak memory of a short run of `cfg` in a fresh process, and the summary its step time.
+    The per-step CSV goes to build/memory/.
+    """
+    from .config import build_dir
+    from .train import train
+    name = (f"{cfg.name}-{cfg.mode}-b{cfg.batch_size}-s{cfg.seq_len}-{cfg.recompute}"
+            f"-acc{cfg.grad_accum}.csv")
+    hist = train(cfg, steps, progress=False, peak_flops=peak_flops, csv_path=build_dir("memory") / name)
+    return hist.summary()
 
 
 # ---------------------------------------------------------------- small helpers

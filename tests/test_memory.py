@@ -8,7 +8,7 @@ import pytest
 
 from mshelpers import memory
 from mshelpers.config import RunConfig
-from mshelpers.memory import (activation_bytes_per_layer, estimate, fits, llama_param_count,
+from mshelpers.memory import (activation_bytes_per_layer, calibrate, estimate, fits, llama_param_count,
                               max_batch_for_budget, measure_peak, model_state_breakdown,
                               model_state_bytes, output_activation_bytes)
 
@@ -142,6 +142,27 @@ def test_estimate_grad_accum_offload_and_overhead():
     assert estimate(MINI, overhead_bytes=10**6)["total"] == estimate(MINI)["total"] + 10**6
 
 
+def test_recompute_adds_one_layer_working_set():
+    full = estimate(MINI.replace(recompute="full"))
+    one_layer = SBH * 44 * 2
+    assert full["activations_per_layer"] == SBH * 2 * 2
+    assert full["recompute_working_set"] == one_layer - SBH * 4
+    assert full["activations"] == 4 * SBH * 4 + (one_layer - SBH * 4) + full["output_activations"]
+    assert estimate(MINI)["recompute_working_set"] == 0
+
+
+def test_activation_scale_and_calibrate_round_trip():
+    cfgs = [MINI.replace(batch_size=b, seq_len=s) for b, s in ((2, 128), (4, 128), (8, 64), (4, 256))]
+    ests = [estimate(c) for c in cfgs]
+    states = lambda e: e["params"] + e["grads"] + e["optimizer_states"]
+    measured = [700e6 + states(e) + 2.5 * e["activations"] for e in ests]
+    cal = calibrate(ests, measured)
+    assert cal["activation_scale"] == pytest.approx(2.5) and cal["overhead_bytes"] == pytest.approx(700e6, abs=2)
+    e = estimate(cfgs[0], **cal)
+    assert e["total"] == pytest.approx(measured[0], abs=8)
+    assert e["activations"] == pytest.approx(2.5 * ests[0]["activations"], abs=1)
+
+
 def test_recompute_order():
     totals = [estimate(MINI.replace(recompute=r))["total"] for r in ("none", "selective", "full")]
     assert totals[0] > totals[1] > totals[2]
@@ -183,6 +204,9 @@ def test_max_batch_zero_when_states_do_not_fit_and_recompute_helps():
     (lambda: estimate(MINI, layout=SimpleNamespace(dp=2)), "layout="),
     (lambda: estimate(MINI, layout=SimpleNamespace(dp=2, mp=1, pp=1, micro_batches=1), n_devices=4), "n_devices=4"),
     (lambda: estimate(MINI, overhead_bytes=-5), "overhead_bytes=-5"),
+    (lambda: estimate(MINI, activation_scale=0), "activation_scale=0"),
+    (lambda: calibrate([estimate(MINI)], [1e9]), "1 estimates"),
+    (lambda: calibrate([estimate(MINI)] * 2, [1e9, 2e9]), "same activation"),
     (lambda: fits(MINI, -1), "budget_bytes=-1"),
     (lambda: max_batch_for_budget(MINI, "16GB"), "budget_bytes='16GB'"),
     (lambda: llama_param_count(SimpleNamespace(hidden_size=0)), "hidden_size=0"),
