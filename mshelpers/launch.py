@@ -284,8 +284,11 @@ def _first_error_line(lines: list[str]) -> str | None:
     """The exception line of the first Python traceback, else the first [ERROR] line, else a bare message."""
     for i, ln in enumerate(lines):
         if ln.startswith("Traceback (most recent call last)"):
-            for nxt in lines[i + 1:]:
+            for j, nxt in enumerate(lines[i + 1:], start=i + 1):
                 if nxt and not nxt.startswith((" ", "\t", "Traceback")):
+                    if nxt.rstrip().endswith(":"):   # MindSpore puts its message on the lines below
+                        more = [m.strip() for m in lines[j + 1:j + 8] if m.strip() and not m.startswith("-")]
+                        return (nxt.strip() + " " + more[0]) if more else nxt.strip()
                     return nxt.strip()
     for ln in lines:
         if ln.startswith("[ERROR]") or ln.startswith("[CRITICAL]"):

@@ -171,3 +171,29 @@ def test_mindformers_accepts_the_planned_layout_and_rejects_a_bad_split():
     bad_ffn = L7.replace(num_heads=48, hidden_size=4608)  # 48 heads split 3 ways, but 11008 is not
     with pytest.raises(ValueError, match="hidden_dim"):
         parallel.validate_with_mindformers(bad_ffn, bad)
+
+
+# ---------------------------------------------------------------- the real 2-rank tensor-parallel block (msrun, ~25 s)
+def test_two_rank_tensor_parallel_block_matches_one_device(tmp_path):
+    from mshelpers.launch import msrun
+    from mshelpers.workers import script_path
+    run = msrun(script_path("tp_block"), workers=2, log_dir=tmp_path, timeout=300)
+    for res in run.results():
+        dims = res["dims"]
+        good, plain = res["megatron_f_g"], res["plain_ops"]
+        # forward: split weights + AllReduce/AllGather reproduce the unsplit block
+        assert good["max_abs_err_block_out"] < 1e-5 and good["max_abs_err_logits"] < 1e-5
+        assert plain["max_abs_err_block_out"] < 1e-5
+        # backward: Megatron's f/g give the unsplit gradients; plain ops.AllReduce doubles them on 2 ranks
+        assert max(good["max_rel_err_grad"].values()) < 1e-4
+        assert plain["grad_ratio_wq"] == pytest.approx(2.0, rel=1e-4)
+        # every activation all-reduce moved one b·s·h block, as the planner's formula says
+        buf = tp_allreduce_buffer_bytes(dims["batch"], dims["seq"], dims["hidden"], 4)
+        ars = [c for c in good["collectives_one_forward"] if c[0] == "AllReduce"]
+        assert [c[3] for c in ars] == [buf, buf]
+        assert good["backward_allreduces"] == [buf] * 3   # 2 per layer + the output layer's input
+        # planner: 4 per layer + embedding pair; this block has no vocab-parallel embedding (one fewer)
+        assert len(ars) + len(good["backward_allreduces"]) == parallel.tp_allreduces_per_micro_batch(1) - 1
+        # the naive MLP all-gathers the b·s·ffn/tp activation instead of all-reducing b·s·h
+        gathers = [c for c in res["naive_mlp"]["collectives_one_forward"] if c[0] == "AllGather"]
+        assert gathers[0][3] == dims["batch"] * dims["seq"] * dims["ffn"] // 2 * 4
