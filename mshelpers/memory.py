@@ -433,15 +433,21 @@ def allocate_bytes(n_bytes: int, hold_s: float = 0.0) -> int:
     return len(buf)
 
 
-def train_for_peak(cfg: Any, steps: int = 5, peak_flops: float | None = None) -> dict:
+def train_for_peak(cfg: Any, steps: int = 5, peak_flops: float | None = None,
+                   set_memory: dict | None = None) -> dict:
     """Train `cfg` for `steps` steps with `mshelpers.train.train`; return its summary dict.
 
     A ready-made `measure_peak` workload: `measure_peak(train_for_peak, cfg, 5)` gives the
     peak memory of a short run of `cfg` in a fresh process, and the summary its step time.
-    The per-step CSV goes to build/memory/.
+    `set_memory` goes to `ms.runtime.set_memory(**set_memory)` first (e.g.
+    {"max_size": "28GB", "optimize_level": "O1"}); it must precede the first op, which a
+    fresh process guarantees. The per-step CSV goes to build/memory/.
     """
     from .config import build_dir
     from .train import train
+    if set_memory:
+        import mindspore as ms
+        ms.runtime.set_memory(**set_memory)
     name = (f"{cfg.name}-{cfg.mode}-b{cfg.batch_size}-s{cfg.seq_len}-{cfg.recompute}"
             f"-acc{cfg.grad_accum}.csv")
     hist = train(cfg, steps, progress=False, peak_flops=peak_flops, csv_path=build_dir("memory") / name)
