@@ -152,13 +152,15 @@ class StepLogger(_Callback):
                 csv.writer(f).writerow(COLUMNS)
 
     def log_step(self, step: int, loss: float, step_time_s: float, *, lr: float = float("nan"),
-                 grad_norm: float = float("nan"), overflow: bool = False, loss_scale: float = 1.0) -> dict:
+                 grad_norm: float = float("nan"), overflow: bool = False, loss_scale: float = 1.0,
+                 peak_mem_mb: float | None = None) -> dict:
         tps = self.tokens_per_step / step_time_s if step_time_s > 0 else float("nan")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # a compile step can look odd; MFU > 1 is checked on summaries
             u = mfu(tps, self.flops_per_token, self.n_devices, self.peak_flops_per_device) if tps == tps else tps
         row = dict(step=int(step), loss=float(loss), lr=float(lr), grad_norm=float(grad_norm),
-                   step_time_s=float(step_time_s), tokens_per_s=tps, mfu=u, peak_mem_mb=peak_memory_mb(),
+                   step_time_s=float(step_time_s), tokens_per_s=tps, mfu=u,
+                   peak_mem_mb=peak_memory_mb() if peak_mem_mb is None else float(peak_mem_mb),
                    overflow=bool(overflow), loss_scale=float(loss_scale))
         self.rows.append(row)
         if self.csv_path:

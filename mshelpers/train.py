@@ -98,6 +98,7 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
         def step(input_ids):
             loss, grad_norm, finite = step_fn(input_ids)
             return loss, grad_norm, finite, scaler.scale_value
+        step.loss_scaler = scaler     # checkpoints save and restore its state
         return step
 
     grads_fn, add_fn, apply_fn = jit(compute_grads), jit(accumulate), jit(apply_grads)
@@ -111,7 +112,12 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
             total = total + loss / k
         grad_norm, finite = apply_fn(acc)
         return total, grad_norm, finite, scaler.scale_value
+    accum_step.loss_scaler = scaler
     return accum_step
+
+
+class NonFiniteLoss(RuntimeError):
+    """Training produced a NaN/inf loss without loss scaling to absorb it."""
 
 
 @dataclass
@@ -154,17 +160,31 @@ class History:
 
 def train(cfg: RunConfig, steps: int | None = None, callbacks: Iterable[Callable[[dict], Any]] = (), *,
           csv_path: str | Path | None = None, progress: bool = True, peak_flops: float | None = None,
-          net=None) -> History:
+          net=None, ckpt_dir: str | Path | None = None, ckpt_every: int = 0, keep: int = 3,
+          resume: bool = False, stop_on_nonfinite: bool = True) -> History:
     """Train `cfg` for `steps` (default cfg.steps) steps and return its History.
 
     callbacks: callables receiving each step's row (dict) after it is logged.
     csv_path: where the per-step CSV goes (default build/runs/<name>-<mode>-s<seed>.csv).
     peak_flops: the device's peak FLOP/s for MFU (default: measure_peak_flops()).
     net: an already built model (default: build_model(cfg)).
+    ckpt_dir, ckpt_every, keep: write a checkpoint every `ckpt_every` steps, keep the newest `keep`.
+    resume: continue from the newest intact checkpoint in ckpt_dir (corrupt ones are skipped with a
+        warning); the CSV keeps its rows up to that step and continues from there.
+    stop_on_nonfinite: without dynamic loss scaling, a NaN/inf loss raises NonFiniteLoss naming the
+        step and the last good checkpoint. With dynamic loss scaling the step is skipped and counted.
     """
     steps = cfg.steps if steps is None else steps
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"train: steps={steps!r} is invalid; fix: pass a positive integer")
+    if not isinstance(ckpt_every, int) or ckpt_every < 0:
+        raise ValueError(f"train: ckpt_every={ckpt_every!r} is invalid; fix: pass 0 (off) or a positive integer")
+    if ckpt_every and ckpt_dir is None:
+        raise ValueError("train: ckpt_every is set but ckpt_dir=None; fix: pass the directory for checkpoints")
+    if resume and ckpt_dir is None:
+        raise ValueError("train: resume=True needs ckpt_dir; fix: pass the directory holding the checkpoints")
+    if not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"train: keep={keep!r} is invalid; fix: keep at least 1 checkpoint")
     if steps > cfg.steps:
         cfg = cfg.replace(steps=steps)    # the lr schedule must cover every step
     cfg.validate()                          # before any MindSpore work
@@ -172,9 +192,11 @@ def train(cfg: RunConfig, steps: int | None = None, callbacks: Iterable[Callable
     import mindspore as ms
     from tqdm.auto import tqdm
 
+    from . import checkpoint
     from .data import entropy_floor, numpy_batches
     from .device import setup
     from .model import build_model, count_params
+    from .table import read_csv
 
     device = setup(mode=cfg.mode, seed=cfg.seed)
     net = net if net is not None else build_model(cfg, device)
@@ -185,20 +207,111 @@ def train(cfg: RunConfig, steps: int | None = None, callbacks: Iterable[Callable
     step_fn = make_train_step(net, optimizer, cfg)
     floor = entropy_floor(cfg.vocab_size) if cfg.data == "markov" else None
     csv_path = Path(csv_path) if csv_path else build_dir("runs") / f"{cfg.name}-{cfg.mode}-s{cfg.seed}.csv"
+
+    start, data_pos, last_ckpt, kept_rows = 1, 0, None, []
+    if resume:
+        found = checkpoint.latest_good(ckpt_dir)
+        if found:
+            meta = checkpoint.load(found[0], net, optimizer, step_fn.loss_scaler)
+            start, data_pos, last_ckpt = meta["step"] + 1, meta["data_pos"], found[0]
+            if csv_path.exists():   # rows written after the checkpoint are redone, so drop them
+                kept_rows = [r for r in read_csv(csv_path) if r["step"] <= meta["step"]]
     logger = StepLogger(csv_path, cfg.tokens_per_step, fpt, peak, n_devices=cfg.dp)
+    for r in kept_rows:
+        logger.log_step(r["step"], r["loss"], r["step_time_s"], lr=r["lr"], grad_norm=r["grad_norm"],
+                        overflow=r["overflow"], loss_scale=r["loss_scale"], peak_mem_mb=r["peak_mem_mb"])
     hist = History(cfg, logger.rows, n_params, fpt, peak, floor, csv_path)
 
     batches = numpy_batches(cfg.replace(batch_size=cfg.batch_size * cfg.grad_accum))
-    bar = tqdm(range(1, steps + 1), desc=f"{cfg.name} {cfg.mode}", disable=not progress, leave=False)
+    for _ in range(data_pos):          # the data position is part of exact resume
+        next(batches)
+    bar = tqdm(range(start, steps + 1), desc=f"{cfg.name} {cfg.mode}", disable=not progress, leave=False)
     for step in bar:
         x = ms.Tensor(next(batches), ms.int32)
+        data_pos += 1
         t0 = time.perf_counter()
         loss, grad_norm, finite, scale = step_fn(x)
         loss = float(loss.asnumpy())       # synchronises: the step is done when its loss is on the host
         dt = time.perf_counter() - t0
         row = logger.log_step(step, loss, dt, lr=lr_at(cfg, step), grad_norm=float(grad_norm.asnumpy()),
                               overflow=not bool(finite.asnumpy()), loss_scale=float(scale.asnumpy()))
+        if stop_on_nonfinite and not cfg.dynamic_loss_scale and not math.isfinite(loss):
+            raise NonFiniteLoss(f"loss is {loss} at step {step}; last good checkpoint: "
+                                f"{last_ckpt or 'none written yet'}. Fix: lower lr, check the init, "
+                                "or enable dynamic_loss_scale to skip overflowed steps")
+        if ckpt_every and step % ckpt_every == 0:
+            last_ckpt = checkpoint.save(ckpt_dir, net, optimizer, step=step, data_pos=data_pos,
+                                        loss_scaler=step_fn.loss_scaler, keep=keep)
         bar.set_postfix(loss=f"{loss:.3f}", ms=f"{dt * 1e3:.0f}")
         for cb in callbacks:
             cb(row)
     return hist
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    """--set key=value pairs, each value converted to the RunConfig field's type."""
+    import dataclasses
+    types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r} is not key=value; fix: e.g. --set lr=1e-3")
+        if key not in types:
+            raise ValueError(f"--set {key}: unknown RunConfig field; fix: use one of {sorted(types)}")
+        t = str(types[key])
+        try:
+            if "bool" in t:
+                if raw.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError
+                out[key] = raw.lower() in ("true", "1")
+            elif "int" in t:
+                out[key] = int(raw)
+            elif "float" in t:
+                out[key] = float(raw)
+            else:
+                out[key] = raw
+        except ValueError:
+            raise ValueError(f"--set {key}={raw!r}: {key} expects {t}; fix: pass a valid {t}") from None
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: python -m mshelpers.train --preset mini --steps 50 --out DIR [--ckpt-every K] [--resume]."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m mshelpers.train",
+                                 description="Train a RunConfig preset; write DIR/metrics.csv and checkpoints.")
+    ap.add_argument("--preset", default="mini", help="RunConfig preset name (default mini)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a RunConfig field")
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps (0 = never)")
+    ap.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in --out")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    a = ap.parse_args(argv)
+    saved = Path(a.out) / "config.yaml"
+    try:
+        # A resumed run keeps the config that wrote its checkpoints (the lr schedule's length included).
+        base = RunConfig.from_yaml(saved) if a.resume and saved.exists() else RunConfig.preset(a.preset)
+        cfg = base.replace(**_parse_set(a.set))
+        if a.steps < 1:
+            raise ValueError(f"--steps {a.steps} is invalid; fix: pass a positive integer")
+        if a.ckpt_every < 0 or a.keep < 1:
+            raise ValueError(f"--ckpt-every {a.ckpt_every} / --keep {a.keep} invalid; fix: ckpt-every >= 0, keep >= 1")
+        cfg = cfg.replace(steps=max(cfg.steps, a.steps)).validate()
+    except ValueError as e:
+        ap.error(str(e))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.to_yaml(out / "config.yaml")
+    h = train(cfg, steps=a.steps, csv_path=out / "metrics.csv", progress=not a.quiet,
+              ckpt_dir=out / "checkpoints", ckpt_every=a.ckpt_every, keep=a.keep, resume=a.resume)
+    s = h.summary()
+    print(f"done: {s['steps']} steps, final loss {s['final_loss']:.4f}, median step {s['median_step_s'] * 1e3:.0f} ms; "
+          f"metrics in {out / 'metrics.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
