@@ -1,0 +1,151 @@
+"""The evaluation report: runs over seeds, compared with a baseline at the same step count.
+
+Example:
+    >>> from mshelpers.report import aggregate, compare
+    >>> runs = {"baseline": [{"tokens_per_s": 100.0}, {"tokens_per_s": 104.0}],
+    ...         "graph":    [{"tokens_per_s": 610.0}, {"tokens_per_s": 590.0}]}
+    >>> row = compare(aggregate(runs), "baseline", ["tokens_per_s"])[1]
+    >>> row["tokens_per_s"], row["tokens_per_s vs base"], row["tokens_per_s beyond noise"]
+    ('600 ± 10', 5.882, True)
+
+A change counts as real only when it is larger than the seed-to-seed spread: the
+difference of the means must exceed the larger of the two runs' ranges (max - min over
+seeds). With two seeds that is a coarse but honest control group.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def aggregate(runs: dict[str, Sequence[dict]]) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """For each run name and numeric metric: (mean, min, max) over the seeds' summaries."""
+    if not runs:
+        raise ValueError("aggregate: runs is empty; fix: pass {name: [summary per seed, ...]}")
+    out: dict[str, dict[str, tuple[float, float, float]]] = {}
+    for name, seeds in runs.items():
+        if not seeds:
+            raise ValueError(f"aggregate: run {name!r} has no seeds; fix: run it at least once (twice for a spread)")
+        keys = [k for k, v in seeds[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                or isinstance(v, bool)]
+        out[name] = {}
+        for k in keys:
+            vals = [float(s[k]) for s in seeds if s.get(k) is not None]
+            if vals:
+                out[name][k] = (statistics.fmean(vals), min(vals), max(vals))
+    return out
+
+
+def _pm(mean: float, lo: float, hi: float) -> str:
+    half = (hi - lo) / 2
+    fmt = (lambda v: f"{v:,.0f}") if abs(mean) >= 100 else (lambda v: f"{v:.3g}")
+    return f"{fmt(mean)} ± {fmt(half)}"
+
+
+def compare(agg: dict, baseline: str, metrics: Sequence[str]) -> list[dict]:
+    """One row per run: each metric as 'mean ± half-range', its ratio to the baseline, and
+    whether the difference exceeds the seed-to-seed spread."""
+    if baseline not in agg:
+        raise ValueError(f"compare: baseline={baseline!r} is not a run; fix: use one of {list(agg)}")
+    missing = [m for m in metrics if m not in agg[baseline]]
+    if missing:
+        raise ValueError(f"compare: metric {missing[0]!r} is not in the runs; fix: use one of {list(agg[baseline])}")
+    rows = []
+    for name, m in agg.items():
+        row: dict[str, Any] = {"run": name}
+        for k in metrics:
+            mean, lo, hi = m[k]
+            bmean, blo, bhi = agg[baseline][k]
+            row[k] = _pm(mean, lo, hi)
+            if name != baseline:
+                row[f"{k} vs base"] = round(mean / bmean, 3) if bmean else None   # no ratio to zero
+                row[f"{k} beyond noise"] = abs(mean - bmean) > max(hi - lo, bhi - blo)
+        rows.append(row)
+    return rows
+
+
+def check_mfu_claim(tokens_per_s: float, flops_per_token: float, n_devices: int, claimed_mfu: float,
+                    peak_flops_per_device: float) -> dict[str, float | bool]:
+    """Is a published (tokens/s, devices, MFU) triple consistent with a device's peak?
+
+    Returns the per-device peak the claim implies, the MFU the figures give against the
+    stated peak, and `consistent` = the two peaks agree within a factor of 1.5.
+    """
+    for name, v in (("tokens_per_s", tokens_per_s), ("flops_per_token", flops_per_token),
+                    ("claimed_mfu", claimed_mfu), ("peak_flops_per_device", peak_flops_per_device)):
+        if not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"check_mfu_claim: {name}={v!r} is invalid; fix: pass a positive number")
+    if not 0 < claimed_mfu <= 1:
+        raise ValueError(f"check_mfu_claim: claimed_mfu={claimed_mfu} is invalid; fix: pass a fraction, e.g. 0.14")
+    achieved = tokens_per_s * flops_per_token / n_devices
+    implied_peak = achieved / claimed_mfu
+    ratio = implied_peak / peak_flops_per_device
+    return {"achieved_flops_per_device": achieved, "implied_peak_per_device": implied_peak,
+            "implied_over_stated_peak": ratio, "mfu_vs_stated_peak": achieved / peak_flops_per_device,
+            "consistent": 1 / 1.5 <= ratio <= 1.5}
+
+
+def figure_png(fig) -> str:
+    """A matplotlib figure as base64 PNG, for a self-contained HTML report."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _md_table_to_html(md: str) -> str:
+    lines = [l for l in md.strip().splitlines() if l.strip()]
+    cells = lambda l: [html.escape(c.strip()) for c in l.strip().strip("|").split("|")]
+    head, body = cells(lines[0]), [cells(l) for l in lines[2:]]
+    return ("<table><thead><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr></thead><tbody>"
+            + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in body) + "</tbody></table>")
+
+
+def write_report(out_dir: str | os.PathLike, title: str, sections: Sequence[tuple[str, str, Any]]) -> dict[str, Path]:
+    """Write report.md and a standalone report.html (plots embedded) under out_dir.
+
+    sections: (heading, markdown text or markdown table, matplotlib figure or None).
+    Figures are also saved as PNG next to the Markdown, which links them.
+    """
+    if not sections:
+        raise ValueError("write_report: sections is empty; fix: pass (heading, text, figure) tuples")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md, body = [f"# {title}", ""], []
+    for i, (heading, text, fig) in enumerate(sections):
+        md += [f"## {heading}", "", text.strip(), ""]
+        block = _md_table_to_html(text) if text.lstrip().startswith("|") else \
+            "".join(f"<p>{html.escape(p)}</p>" for p in text.strip().split("\n\n"))
+        body.append(f"<h2>{html.escape(heading)}</h2>{block}")
+        if fig is not None:
+            png = figure_png(fig)
+            name = f"figure_{i}.png"
+            (out / name).write_bytes(base64.b64decode(png))
+            md += [f"![{heading}]({name})", ""]
+            body.append(f'<img alt="{html.escape(heading)}" src="data:image/png;base64,{png}">')
+    (out / "report.md").write_text("\n".join(md))
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f4f4f4}img{max-width:100%}")
+    (out / "report.html").write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+                                     f"</title><style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
+                                     + "".join(body) + "</body></html>")
+    return {"markdown": out / "report.md", "html": out / "report.html"}
+
+
+def run_summaries(cfg_yaml: str, seeds: Sequence[int], steps: int, csv_dir: str) -> list[dict]:
+    """Train one config once per seed and return the summaries; meant for `timing.run_isolated`.
+
+    All seeds of a config share one fresh process: the import and first compile are paid
+    once, and the process peak is the config's (every seed trains the same shapes).
+    """
+    from .config import RunConfig
+    from .train import train
+    cfg = RunConfig.from_yaml(cfg_yaml)
+    return [train(cfg.replace(seed=s), steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{s}.csv",
+                  progress=False).summary() for s in seeds]
