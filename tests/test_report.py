@@ -1,0 +1,48 @@
+import pytest
+
+from mshelpers.metrics import flops_per_token
+from mshelpers.report import aggregate, check_mfu_claim, compare, write_report
+
+
+def test_aggregate_and_compare_with_noise_rule():
+    runs = {"base": [{"tps": 100.0, "loss": 4.0}, {"tps": 110.0, "loss": 4.2}],
+            "fast": [{"tps": 300.0, "loss": 4.05}, {"tps": 310.0, "loss": 4.1}]}
+    agg = aggregate(runs)
+    assert agg["base"]["tps"] == (105.0, 100.0, 110.0)
+    rows = compare(agg, "base", ["tps", "loss"])
+    fast = rows[1]
+    assert fast["tps vs base"] == pytest.approx(305 / 105, abs=1e-3) and fast["tps beyond noise"] is True
+    assert fast["loss beyond noise"] is False          # 0.025 apart, seed range 0.2
+    assert "tps vs base" not in rows[0]
+
+
+def test_compare_bad_names():
+    agg = aggregate({"a": [{"x": 1.0}]})
+    with pytest.raises(ValueError, match="baseline='b' is not a run"):
+        compare(agg, "b", ["x"])
+    with pytest.raises(ValueError, match="metric 'y'"):
+        compare(agg, "a", ["y"])
+    with pytest.raises(ValueError, match="run 'a' has no seeds"):
+        aggregate({"a": []})
+
+
+def test_the_seeds_7b_claim_is_inconsistent():
+    fpt = flops_per_token(6_738_415_616, 32, 4096, 4096)
+    c = check_mfu_claim(213e3, fpt, 32, 0.14, 312e12)
+    assert c["consistent"] is False and 7.0 < c["implied_over_stated_peak"] < 7.3
+    ok = check_mfu_claim(213e3, fpt, 32, 0.99, 312e12)
+    assert ok["consistent"] is True
+    with pytest.raises(ValueError, match="claimed_mfu=14"):
+        check_mfu_claim(213e3, fpt, 32, 14, 312e12)
+
+
+def test_write_report_is_standalone(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    paths = write_report(tmp_path, "T", [("Table", "| a | b |\n|---|---|\n| 1 | 2 |", None), ("Plot", "text", fig)])
+    html = paths["html"].read_text()
+    assert "<td>1</td>" in html and "data:image/png;base64," in html
+    assert "![Plot](figure_1.png)" in paths["markdown"].read_text() and (tmp_path / "figure_1.png").exists()
