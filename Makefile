@@ -33,7 +33,7 @@ unit: $(STAMP)
 	$(BIN)/pytest -q tests
 
 nbval: $(STAMP)
-	$(BIN)/pytest -q --nbval-lax --nbval-cell-timeout=900 notebooks/
+	$(BIN)/pytest -q --nbval-lax --nbval-cell-timeout=900 --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=notebooks
