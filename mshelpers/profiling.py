@@ -75,13 +75,16 @@ def _check_count(name: str, value: Any, minimum: int) -> None:
 def profile_steps(step_fn: Callable[..., Any], *, wait: int = 1, warmup: int = 1, active: int = 3,
                   output_dir: str | os.PathLike, skip_first: int = 0,
                   data_fn: Callable[[], Any] | None = None,
-                  activities: Sequence[Any] | None = None) -> ProfileRun:
+                  activities: Sequence[Any] | None = None,
+                  experimental_config: Any = None) -> ProfileRun:
     """Run `skip_first + wait + warmup + active` steps and record only the `active` ones.
 
     `step_fn()` runs one training step (or `step_fn(batch)` with `batch = data_fn()` when `data_fn`
     is given; the time spent in `data_fn` is measured separately so the diagnosis can name a data
     bottleneck). `step_fn` should block until the step has finished (e.g. call `.asnumpy()` on the
-    loss) so that wall-clock windows match the work. Activities default to CPU, plus NPU on Ascend.
+    loss) so that wall-clock windows match the work. Activities default to CPU, plus NPU on Ascend;
+    `experimental_config` (a `mindspore.profiler._ExperimentalConfig`, e.g. profiler_level and
+    aic_metrics on Ascend) is passed through.
 
     Example:
         >>> run = profile_steps(lambda: step(x, y).asnumpy(), active=3, output_dir="build/profile/mlp")
@@ -118,7 +121,7 @@ def profile_steps(step_fn: Callable[..., Any], *, wait: int = 1, warmup: int = 1
     step_times, data_times, step_windows, data_windows = [], [], [], []
     # repeat=1: one window; with repeat=0 MindSpore keeps cycling and writes a truncated extra window.
     sched = schedule(wait=wait, warmup=warmup, active=active, repeat=1, skip_first=skip_first)
-    with profile(activities=list(activities), schedule=sched,
+    with profile(activities=list(activities), schedule=sched, experimental_config=experimental_config,
                  on_trace_ready=tensorboard_trace_handler(str(out))) as prof:
         for i in range(total):
             t0 = time.time_ns()

@@ -7,10 +7,10 @@ candidate, time it `repeats` times, keep the best, save it as JSON, load it on t
 
 Example:
     >>> from mshelpers.tuning import autotune, load_best, aoe_command, mindir_roundtrip
-    >>> result = autotune([{"grad_accum": 1}, {"grad_accum": 2}], measure_fn=time_one_config,
-    ...                   repeats=3, save_to="build/tuning/split.json")
+    >>> result = autotune([{"seq_len": 128, "batch_size": 8}, {"seq_len": 64, "batch_size": 16}],
+    ...                   measure_fn=TrainStepTimer(cfg), repeats=3, save_to="build/tuning/bucket.json")
     >>> result.best                         # the fastest candidate
-    >>> load_best("build/tuning/split.json")   # ... in the next run
+    >>> load_best("build/tuning/bucket.json")  # ... in the next run
     >>> aoe_command("build/mini.air", job_type=2, output_dir="build/aoe")
     ['aoe', '--model=build/mini.air', '--framework=1', '--job_type=2', '--output=build/aoe/mini_aoe']
 
@@ -304,13 +304,14 @@ def set_cpu_op_threads(n: int) -> str:
 class TrainStepTimer:
     """`measure_fn` for `autotune`: the median wall time of `steps` training steps of one RunConfig.
 
-    Each candidate is a dict of RunConfig fields applied to `base` (e.g. {"batch_size": 4,
-    "grad_accum": 2} keeps 8 sequences per optimizer step in 2 micro-batches). The model and its
-    compiled step are built once per candidate and kept, so repeats time only steady steps.
+    Each candidate is a dict of RunConfig fields applied to `base` (e.g. {"seq_len": 64,
+    "batch_size": 16} keeps 1,024 tokens per step in shorter sequences). Keep tokens per step equal
+    across candidates so that step times compare. The model and its compiled step are built once
+    per candidate and kept, so repeats time only steady steps.
 
     Example:
         >>> timer = TrainStepTimer(RunConfig.preset("mini").replace(mode="graph"), steps=2)
-        >>> autotune([{"grad_accum": 1}, {"batch_size": 4, "grad_accum": 2}], timer)
+        >>> autotune([{"seq_len": 128, "batch_size": 8}, {"seq_len": 64, "batch_size": 16}], timer)
     """
 
     def __init__(self, base: Any, steps: int = 2, warmup: int = 1) -> None:
