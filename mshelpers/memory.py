@@ -31,6 +31,7 @@ Sources:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -299,26 +300,41 @@ def max_batch_for_budget(cfg: Any, budget_bytes: float, *, limit: int = 1 << 20,
     return lo * unit
 
 
-def calibrate(estimates: list[dict], measured_bytes: list[float]) -> dict[str, float]:
+def calibrate(estimates: list[dict], measured_bytes: list[float], *,
+              overhead_bytes: float | None = None) -> dict[str, float]:
     """Fit measured ≈ overhead + model states + scale · activations over several runs.
 
     `estimates` are `estimate(...)` dicts (made with the default scale 1 and no overhead),
     `measured_bytes` the peaks measured for the same configs. Model states are taken as
     exact; a least-squares line through (activations, measured - states) gives the
-    activation scale (slope) and the constant overhead (intercept). The result is a dict
-    of keywords for `estimate`, `fits` and `max_batch_for_budget`.
+    activation scale (slope) and the constant overhead (intercept). Pass `overhead_bytes`
+    (from an earlier fit) to fit the scale alone, which one run suffices for: e.g. a
+    recompute mode whose activations the published count gets wrong. The result is a
+    dict of keywords for `estimate`, `fits` and `max_batch_for_budget`.
 
         >>> es = [{"activations": a, "params": 1, "grads": 1, "optimizer_states": 2,
         ...        "grad_accum_buffer": 0} for a in (10, 20, 40)]
         >>> calibrate(es, [4 + 100 + 2 * a for a in (10, 20, 40)])
         {'activation_scale': 2.0, 'overhead_bytes': 100.0}
+        >>> calibrate(es[:1], [4 + 100 + 3 * 10], overhead_bytes=100)
+        {'activation_scale': 3.0, 'overhead_bytes': 100}
     """
-    if len(estimates) != len(measured_bytes) or len(estimates) < 2:
+    need = 1 if overhead_bytes is not None else 2
+    if len(estimates) != len(measured_bytes) or len(estimates) < need:
         raise ValueError(f"calibrate: got {len(estimates)} estimates and {len(measured_bytes)} measurements; "
-                         "fix: pass two equally long lists with at least 2 runs of different sizes")
+                         f"fix: pass two equally long lists with at least {need} run(s)"
+                         + ("" if need == 1 else " of different sizes, or pass overhead_bytes"))
     xs = [float(e["activations"]) for e in estimates]
     ys = [float(m) - (e["params"] + e["grads"] + e["optimizer_states"] + e.get("grad_accum_buffer", 0))
           for e, m in zip(estimates, measured_bytes)]
+    if overhead_bytes is not None:
+        if not isinstance(overhead_bytes, (int, float)) or overhead_bytes < 0:
+            raise ValueError(f"calibrate: overhead_bytes={overhead_bytes!r} is invalid; fix: pass a number >= 0")
+        slope = sum(x * (y - overhead_bytes) for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+        if slope <= 0:
+            raise ValueError(f"calibrate: the runs sit below overhead_bytes={overhead_bytes!r}; "
+                             "fix: pass the overhead fitted on the same kind of runs (same mode and device)")
+        return {"activation_scale": round(slope, 4), "overhead_bytes": overhead_bytes}
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     if sxx == 0:
@@ -368,11 +384,15 @@ def _rss_bytes(field: str = "VmRSS") -> int:
     return ru if sys.platform == "darwin" else ru * 1024
 
 
-def _peak_child(fn: Callable, args: tuple, kwargs: dict, preload: tuple[str, ...]) -> dict:
+def _peak_child(fn: Callable, args: tuple, kwargs: dict, preload: tuple[str, ...], quiet: bool = False) -> dict:
     """Runs inside the spawned process: preload, baseline, run, read the peaks."""
     import importlib
     import sys
     import time
+    if quiet:   # the child shares the notebook's stdout/stderr; its import chatter is not the result
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
     for name in preload:
         importlib.import_module(name)
     baseline = _rss_bytes("VmRSS")
@@ -388,14 +408,16 @@ def _peak_child(fn: Callable, args: tuple, kwargs: dict, preload: tuple[str, ...
             "device_peak": device_peak}
 
 
-def measure_peak(fn: Callable, *args: Any, preload: tuple[str, ...] = (), timeout: float = 900,
-                 env: dict | None = None, **kwargs: Any) -> PeakMemory:
+def measure_peak(fn: Callable, *args: Any, preload: tuple[str, ...] = (), quiet: bool = True,
+                 timeout: float = 900, env: dict | None = None, **kwargs: Any) -> PeakMemory:
     """Run `fn(*args, **kwargs)` in a fresh spawned process and return its peak memory.
 
     On Ascend/GPU the headline is `ms.runtime.max_memory_allocated()` (the memory pool's
     peak); on CPU that call returns 0, so the headline is the process's peak RSS.
     `preload` names modules to import before the baseline RSS is read (e.g.
     ("mindspore", "mindformers")), so `work_rss_bytes` excludes their import cost.
+    `quiet` sends the child's stdout/stderr to /dev/null (a failure still raises here,
+    with the child's traceback).
     `fn` must be importable from a module file (not defined in a notebook cell); its
     arguments and return value must pickle. Uses `mshelpers.timing.run_isolated`.
 
@@ -414,7 +436,7 @@ def measure_peak(fn: Callable, *args: Any, preload: tuple[str, ...] = (), timeou
     if isinstance(preload, str):
         preload = (preload,)
     from .timing import run_isolated
-    res = run_isolated(_peak_child, fn, args, kwargs, tuple(preload), timeout=timeout, env=env)
+    res = run_isolated(_peak_child, fn, args, kwargs, tuple(preload), quiet, timeout=timeout, env=env)
     out = res.value
     device = out["device_peak"]
     return PeakMemory(value=out["value"], peak_bytes=device if device else out["peak_rss"],

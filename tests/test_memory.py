@@ -161,6 +161,9 @@ def test_activation_scale_and_calibrate_round_trip():
     e = estimate(cfgs[0], **cal)
     assert e["total"] == pytest.approx(measured[0], abs=8)
     assert e["activations"] == pytest.approx(2.5 * ests[0]["activations"], abs=1)
+    # with the overhead known, one run fixes the scale
+    one = calibrate(ests[:1], measured[:1], overhead_bytes=700e6)
+    assert one == {"activation_scale": pytest.approx(2.5), "overhead_bytes": 700e6}
 
 
 def test_recompute_order():
@@ -206,6 +209,7 @@ def test_max_batch_zero_when_states_do_not_fit_and_recompute_helps():
     (lambda: estimate(MINI, overhead_bytes=-5), "overhead_bytes=-5"),
     (lambda: estimate(MINI, activation_scale=0), "activation_scale=0"),
     (lambda: calibrate([estimate(MINI)], [1e9]), "1 estimates"),
+    (lambda: calibrate([estimate(MINI)], [1e6], overhead_bytes=1e9), "overhead_bytes=1000000000.0"),
     (lambda: calibrate([estimate(MINI)] * 2, [1e9, 2e9]), "same activation"),
     (lambda: fits(MINI, -1), "budget_bytes=-1"),
     (lambda: max_batch_for_budget(MINI, "16GB"), "budget_bytes='16GB'"),
@@ -229,6 +233,11 @@ def test_measure_peak_rejects_functions_a_fresh_process_cannot_import():
 
 
 # ---------------------------------------------------------------- measurement
+def test_measure_peak_forwards_a_child_failure():
+    with pytest.raises(RuntimeError, match="ValueError"):
+        measure_peak(memory.allocate_bytes, -1)          # bytearray(-1) raises in the child
+
+
 def test_measure_peak_sees_an_allocation_in_a_fresh_process():
     n = 200 * 2**20
     r = measure_peak(memory.allocate_bytes, n)
