@@ -138,14 +138,16 @@ def write_report(out_dir: str | os.PathLike, title: str, sections: Sequence[tupl
     return {"markdown": out / "report.md", "html": out / "report.html"}
 
 
-def run_summaries(cfg_yaml: str, seeds: Sequence[int], steps: int, csv_dir: str) -> list[dict]:
+def run_summaries(cfg_yaml: str, seeds: Sequence[int], steps: int, csv_dir: str,
+                  peak_flops: float | None = None) -> list[dict]:
     """Train one config once per seed and return the summaries; meant for `timing.run_isolated`.
 
     All seeds of a config share one fresh process: the import and first compile are paid
     once, and the process peak is the config's (every seed trains the same shapes).
+    Pass one `peak_flops` for all configs so that their MFUs share a denominator.
     """
     from .config import RunConfig
     from .train import train
     cfg = RunConfig.from_yaml(cfg_yaml)
     return [train(cfg.replace(seed=s), steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{s}.csv",
-                  progress=False).summary() for s in seeds]
+                  progress=False, peak_flops=peak_flops).summary() for s in seeds]
