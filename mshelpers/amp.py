@@ -25,6 +25,9 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 __all__ = [
+    "number_formats",
+    "to_bfloat16",
+    "auto_mixed_precision",
     "activation_stats",
     "find_first_nonfinite",
     "NonfiniteReport",
@@ -34,6 +37,42 @@ __all__ = [
 ]
 
 _FLOAT_DTYPES = ("Float16", "Float32", "Float64", "BFloat16")
+
+
+# ------------------------------------------------------------ number formats
+def to_bfloat16(x: Any) -> np.ndarray:
+    """Round float32 values to bfloat16 (nearest, ties to even) by bit arithmetic; the result is
+    a float32 array holding bfloat16 values, so numpy needs no bfloat16 dtype.
+
+    Example:
+        >>> to_bfloat16([1.0, 70000.0, 3.0e38]).tolist()
+        [1.0, 70144.0, 3.00405527047391e+38]
+    """
+    a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    bits = a.view(np.uint32).astype(np.uint64)
+    # bfloat16 is the top 16 bits of float32; add half an ulp (plus the tie-to-even bit) first.
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    out = rounded.astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(a), np.float32("nan"), out)
+
+
+def _bf16_bits(pattern: int) -> float:
+    return float(np.array([pattern << 16], dtype=np.uint32).view(np.float32)[0])
+
+
+def number_formats() -> list[dict]:
+    """float32, float16 and bfloat16 side by side: bit layout, largest finite value, smallest
+    normal value and machine epsilon (gap from 1.0 to the next value). float32/float16 come
+    from `np.finfo`; bfloat16 from its bit patterns (0x7F7F, 0x0080, 0x3F81 - 0x3F80).
+    """
+    rows = []
+    for name, dt in (("float32", np.float32), ("float16", np.float16)):
+        fi = np.finfo(dt)
+        rows.append({"format": name, "sign/exp/mantissa bits": f"1/{fi.nexp}/{fi.nmant}",
+                     "max": float(fi.max), "smallest normal": float(fi.tiny), "epsilon": float(fi.eps)})
+    rows.append({"format": "bfloat16", "sign/exp/mantissa bits": "1/8/7", "max": _bf16_bits(0x7F7F),
+                 "smallest normal": _bf16_bits(0x0080), "epsilon": _bf16_bits(0x3F81) - _bf16_bits(0x3F80)})
+    return rows
 
 
 # ------------------------------------------------------------------ helpers
@@ -92,6 +131,31 @@ class _PyNative:
 
         if self._mode != ms.PYNATIVE_MODE:
             ms.set_context(mode=self._mode)
+
+
+def auto_mixed_precision(net: Any, level: str, workdir: str | None = None) -> Any:
+    """`ms.amp.auto_mixed_precision(net, level)`, run inside `workdir` (default build/amp_rewrite).
+
+    Level O1 rewrites the network's source and saves it under ./rewritten_network of the
+    current directory, where the graph compiler later reads it; running the rewrite in a build
+    folder keeps those files out of the notebook folder.
+    """
+    import contextlib
+    import os
+
+    import mindspore as ms
+
+    from .config import AMP_LEVELS, build_dir
+
+    if level not in AMP_LEVELS:
+        raise ValueError(f"auto_mixed_precision: level={level!r} is invalid; fix: use one of {AMP_LEVELS}")
+    cwd = os.getcwd()
+    os.chdir(workdir or str(build_dir("amp_rewrite")))
+    try:
+        return ms.amp.auto_mixed_precision(net, level)
+    finally:
+        with contextlib.suppress(OSError):
+            os.chdir(cwd)
 
 
 # ------------------------------------------------------- activation statistics
@@ -288,3 +352,43 @@ def make_scaled_train_step(loss_net: Any, optimizer: Any, *, init_scale: float =
 
     step.scaler = scaler
     return step
+
+
+# ------------------------------------------------ one AMP level, for run_isolated
+def amp_level_run(level: str, preset: str = "mini", steps: int = 4, seed: int = 0,
+                  peak_flops: float | None = None) -> dict:
+    """Train `preset` in GRAPH_MODE at AMP `level` through mindformers' own precision knobs
+    (`mshelpers.model.precision_knobs`) and return one table row: the knobs, first and median
+    step time, loss at the last step, overflow steps, and the parameter/activation dtypes.
+
+    Meant for `mshelpers.timing.run_isolated`, which adds the process's peak RSS: each level
+    in a fresh process, so memory and compile caches do not leak between levels.
+
+    Example:
+        >>> r = run_isolated(amp_level_run, "O2", steps=4)
+        >>> r.value["median step (ms)"], r.peak_rss_mb
+    """
+    from .config import AMP_LEVELS, RunConfig, build_dir
+
+    if level not in AMP_LEVELS:
+        raise ValueError(f"amp_level_run: level={level!r} is invalid; fix: use one of {AMP_LEVELS}")
+    import mindspore as ms
+
+    from .data import numpy_batches
+    from .device import setup
+    from .model import build_model, precision_knobs
+    from .train import train
+
+    cfg = RunConfig.preset(preset).replace(mode="graph", amp_level=level, steps=steps, seed=seed).validate()
+    device = setup(mode="graph", seed=seed)
+    net = build_model(cfg, device)
+    hist = train(cfg, net=net, progress=False, peak_flops=peak_flops or 1.0,
+                 csv_path=build_dir("runs") / f"amp-{preset}-{level}.csv")
+    s = hist.summary()
+    x = ms.Tensor(next(numpy_batches(cfg)), ms.int32)
+    dtypes = dtype_report(net, x).summary()
+    knobs = precision_knobs(cfg, device)
+    return {"level": level, "compute": knobs["compute_dtype"], "softmax": knobs["softmax_compute_type"],
+            "norm": knobs["layernorm_compute_type"], **dtypes,
+            "first step (s)": s["compile_time_s"], "median step (ms)": 1e3 * s["median_step_s"],
+            f"loss at step {steps}": s["final_loss"], "overflow steps": s["overflow_steps"]}

@@ -111,3 +111,34 @@ def test_scaled_step_skips_overflow_and_halves_scale():
     assert any(r.finite for r in results)
     assert not np.array_equal(base.head.weight.asnumpy(), before)  # a finite step updated
     assert all(np.isfinite(r.loss) for r in results if r.finite)
+
+
+def test_number_formats_match_the_ieee_and_bfloat16_limits():
+    from mshelpers.amp import number_formats
+
+    rows = {r["format"]: r for r in number_formats()}
+    assert rows["float16"]["max"] == 65504.0
+    assert rows["bfloat16"]["epsilon"] == 2.0 ** -7
+    assert rows["bfloat16"]["smallest normal"] == rows["float32"]["smallest normal"] == 2.0 ** -126
+    assert rows["bfloat16"]["max"] == (2 - 2.0 ** -7) * 2.0 ** 127
+
+
+def test_to_bfloat16_rounds_to_nearest_even():
+    from mshelpers.amp import to_bfloat16
+
+    out = to_bfloat16([1.0, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 70000.0, 3.4e38, -2.5])
+    assert out.tolist() == [1.0, 1.0, 1 + 2.0 ** -6, 70144.0, float("inf"), -2.5]
+    assert np.isnan(to_bfloat16([float("nan")])[0])
+
+
+def test_auto_mixed_precision_wrapper_keeps_rewrites_out_of_cwd(tmp_path, monkeypatch):
+    from mshelpers.amp import auto_mixed_precision
+
+    monkeypatch.chdir(tmp_path)
+    work = tmp_path / "rewrite"
+    work.mkdir()
+    net = auto_mixed_precision(SmallNet(), "O1", workdir=str(work))
+    assert not (tmp_path / "rewritten_network").exists()
+    assert find_first_nonfinite(net, _x()) is None
+    with pytest.raises(ValueError, match="level='O4'"):
+        auto_mixed_precision(SmallNet(), "O4")

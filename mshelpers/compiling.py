@@ -1,0 +1,150 @@
+"""Graph-compile measurements: first-step time in a fresh process, recompiles as shapes vary,
+and bucketing sequence lengths so a graph compiles once per bucket.
+
+Example:
+    >>> from mshelpers.timing import run_isolated
+    >>> from mshelpers.compiling import first_steps, shape_sweep, bucket_length
+    >>> r = run_isolated(first_steps, "mini", steps=3, jit_level="O1")
+    >>> r.value["first_step_s"], r.value["steady_step_s"]
+    >>> bucket_length(70, (64, 128))
+    128
+
+`first_steps` is meant for `run_isolated`: compile caches and jit settings are per
+process, so each measurement needs a process of its own.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+JIT_LEVELS = ("O0", "O1")
+
+
+def bucket_length(n: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket >= n. A graph compiled per bucket covers every length up to it."""
+    if not buckets or sorted(buckets) != list(buckets) or any(b <= 0 for b in buckets):
+        raise ValueError(f"bucket_length: buckets={buckets!r} must be positive and ascending, e.g. (64, 128)")
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"bucket_length: n={n} exceeds the largest bucket {buckets[-1]}; fix: add a bigger bucket "
+                     f"or truncate the sequence")
+
+
+def pad_to_bucket(batch: np.ndarray, buckets: Sequence[int], pad_id: int = 0) -> np.ndarray:
+    """Right-pad a (batch, length) token array to `bucket_length(length, buckets)` with `pad_id`.
+
+    mindformers' LLaMA masks pad_token_id out of the loss, so padding changes the shape the
+    graph sees, not what it learns from.
+    """
+    if batch.ndim != 2:
+        raise ValueError(f"pad_to_bucket: batch has shape {batch.shape}; fix: pass a 2-D (batch, length) array")
+    target = bucket_length(batch.shape[1], buckets)
+    out = np.full((batch.shape[0], target), pad_id, dtype=batch.dtype)
+    out[:, :batch.shape[1]] = batch
+    return out
+
+
+def shape_sweep(step: Callable[[Any], Any], batches: Iterable[Any], factor: float = 3.0) -> list[dict]:
+    """Call `step(x)` for each batch and time it; flag the calls that compiled.
+
+    A call counts as a compile when it took more than `factor` times the median of the calls
+    whose shape had been seen before (steady calls). Rows: {"call", "shape", "new_shape",
+    "time_s", "compiled"}. `step` must block until done (return something with .asnumpy()
+    or a Python number).
+    """
+    rows, seen = [], set()
+    for i, x in enumerate(batches, 1):
+        shape = tuple(x.shape)
+        t0 = time.perf_counter()
+        out = step(x)
+        first = out[0] if isinstance(out, tuple) else out
+        if hasattr(first, "asnumpy"):
+            first.asnumpy()  # wait for the device
+        rows.append({"call": i, "shape": "x".join(map(str, shape)), "new_shape": shape not in seen,
+                     "time_s": time.perf_counter() - t0})
+        seen.add(shape)
+    steady = [r["time_s"] for r in rows if not r["new_shape"]] or [min(r["time_s"] for r in rows)]
+    limit = factor * statistics.median(steady)
+    for r in rows:
+        r["compiled"] = r["time_s"] > limit
+    return rows
+
+
+def first_steps(preset: str = "mini", steps: int = 3, jit_level: str = "O0", seed: int = 0,
+                **cfg_changes: Any) -> dict:
+    """Train `steps` GRAPH_MODE steps of the preset with `nn.TrainOneStepCell` at `jit_level`;
+    return {"jit_level", "first_step_s", "steady_step_s", "final_loss", "setup_s"}.
+
+    Run it through `run_isolated` (fresh process): the compile cache
+    (MS_COMPILER_CACHE_ENABLE / MS_COMPILER_CACHE_PATH) is read at start-up, and a second
+    compile in the same process would hit MindSpore's in-memory graph cache.
+    """
+    if jit_level not in JIT_LEVELS:
+        raise ValueError(f"first_steps: jit_level={jit_level!r} is invalid; fix: use one of {JIT_LEVELS}")
+    if not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"first_steps: steps={steps!r} must be an int >= 2 (one compile step, one steady step)")
+    t0 = time.perf_counter()
+    import mindspore as ms
+    from mindspore import nn
+
+    from .config import RunConfig
+    from .data import numpy_batches
+    from .device import setup
+    from .model import build_model
+
+    cfg = RunConfig.preset(preset).replace(mode="graph", seed=seed, **cfg_changes)
+    setup(mode="graph", seed=seed)
+    net = build_model(cfg)
+    train_cell = nn.TrainOneStepCell(net, nn.AdamWeightDecay(net.trainable_params(), cfg.lr))
+    # A Cell's own JitConfig is how GRAPH_MODE takes a per-network jit level.
+    train_cell.set_jit_config(ms.JitConfig(jit_level=jit_level))
+    batches = numpy_batches(cfg)
+    setup_s = time.perf_counter() - t0
+    times, loss = [], float("nan")
+    for _ in range(steps):
+        x = ms.Tensor(next(batches), ms.int32)
+        t = time.perf_counter()
+        loss = float(train_cell(x).asnumpy())
+        times.append(time.perf_counter() - t)
+    return {"jit_level": jit_level, "first_step_s": times[0], "steady_step_s": statistics.median(times[1:]),
+            "final_loss": loss, "setup_s": setup_s}
+
+
+def capture_compile_error(fn: Callable[..., Any], *args: Any, workdir: str | None = None) -> dict:
+    """Call `fn(*args)` expecting a graph-compile failure and split the message into the parts
+    worth reading: {"error": exception type or None, "first_line": the one-line cause,
+    "code": the "In file ..." lines of "The Traceback of Net Construct Code" (your source, then
+    the library's), "analyze_fail": path of the IR dump or None}.
+
+    MindSpore writes analyze_fail.ir under ./rank_0/om of the current directory, so the call
+    runs inside `workdir` (default build/compile_errors) to keep the notebook folder clean.
+    """
+    import contextlib
+    import os
+    import re
+
+    from .config import build_dir
+
+    workdir = workdir or str(build_dir("compile_errors"))
+    cwd = os.getcwd()
+    try:
+        os.chdir(workdir)
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - the point is to inspect it
+        text = str(e)
+        lines = text.splitlines()
+        code = [ln.strip() for ln in lines if re.match(r"\s*#( \d+)? In file ", ln)]
+        m = re.search(r"See file '([^']*analyze_fail\.ir)'", text)
+        path = m.group(1) if m else None
+        if path and not os.path.isabs(path):
+            path = os.path.join(workdir, path)
+        return {"error": type(e).__name__, "first_line": lines[0] if lines else "", "code": code,
+                "analyze_fail": path}
+    finally:
+        with contextlib.suppress(OSError):
+            os.chdir(cwd)
+    return {"error": None, "first_line": "", "code": [], "analyze_fail": None}

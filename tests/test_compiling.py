@@ -1,0 +1,57 @@
+"""mshelpers.compiling: bucketing, recompile detection, compile-error capture (no training)."""
+import time
+
+import numpy as np
+import pytest
+
+from mshelpers.compiling import bucket_length, capture_compile_error, first_steps, pad_to_bucket, shape_sweep
+
+
+def test_bucket_length_picks_smallest_bucket_that_fits():
+    assert [bucket_length(n, (64, 128)) for n in (1, 64, 65, 128)] == [64, 64, 128, 128]
+    with pytest.raises(ValueError, match="exceeds the largest bucket"):
+        bucket_length(129, (64, 128))
+    with pytest.raises(ValueError, match="ascending"):
+        bucket_length(10, (128, 64))
+
+
+def test_pad_to_bucket_right_pads_with_pad_id():
+    b = np.arange(1, 7, dtype=np.int32).reshape(2, 3)
+    out = pad_to_bucket(b, (4, 8), pad_id=0)
+    assert out.shape == (2, 4) and out.dtype == np.int32
+    np.testing.assert_array_equal(out[:, :3], b)
+    assert (out[:, 3] == 0).all()
+
+
+def test_shape_sweep_flags_slow_first_calls_per_shape():
+    seen = set()
+
+    def fake_step(x):  # "compiles" (sleeps) the first time it sees a shape
+        if x.shape not in seen:
+            seen.add(x.shape)
+            time.sleep(0.05)
+        return float(x.sum())
+
+    batches = [np.ones((2, n)) for n in (4, 4, 8, 8, 4, 8)]
+    rows = shape_sweep(fake_step, batches)
+    assert [r["compiled"] for r in rows] == [True, False, True, False, False, False]
+    assert [r["new_shape"] for r in rows] == [True, False, True, False, False, False]
+
+
+def test_first_steps_rejects_bad_jit_level_before_any_work():
+    with pytest.raises(ValueError, match="jit_level='O3'"):
+        first_steps("tiny", jit_level="O3")
+
+
+def test_capture_compile_error_reads_first_line_and_source(tmp_path):
+    ms = pytest.importorskip("mindspore")
+    from _compile_error_net import GuardedDense
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        err = capture_compile_error(GuardedDense(), ms.Tensor(np.ones((2, 4), np.float32)), workdir=str(tmp_path))
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert err["error"] == "RuntimeError"
+    assert "Try" in err["first_line"]
+    assert any("_compile_error_net.py" in c for c in err["code"]), err["code"]
