@@ -444,6 +444,21 @@ def measure_peak(fn: Callable, *args: Any, preload: tuple[str, ...] = (), quiet:
                       baseline_rss_bytes=out["baseline"], device_peak_bytes=device, wall_s=out["wall_s"])
 
 
+def measure_peaks(fn: Callable, arg_tuples: list[tuple], *, parallel: int = 1, **kwargs: Any) -> list[PeakMemory]:
+    """`measure_peak(fn, *args, **kwargs)` for each args tuple, `parallel` fresh processes at a time.
+
+    Peak RSS is per process, so running two at once does not change it; their step times
+    do change, so only run memory-only measurements with parallel > 1.
+
+        >>> rs = measure_peaks(allocate_bytes, [(2**20,), (2**21,)], parallel=2)   # doctest: +SKIP
+    """
+    if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
+        raise ValueError(f"measure_peaks: parallel={parallel!r} is invalid; fix: pass a positive integer")
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(parallel) as pool:   # threads only wait on their child processes
+        return list(pool.map(lambda args: measure_peak(fn, *args, **kwargs), arg_tuples))
+
+
 def allocate_bytes(n_bytes: int, hold_s: float = 0.0) -> int:
     """Touch `n_bytes` of fresh memory and return how many were touched (a measure_peak self-check)."""
     import time

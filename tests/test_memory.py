@@ -249,5 +249,13 @@ def test_measure_peak_sees_an_allocation_in_a_fresh_process():
     assert small.work_rss_bytes < n / 2                          # a fresh process: no leftover peak
 
 
+def test_measure_peaks_keeps_order_in_parallel():
+    rs = memory.measure_peaks(memory.allocate_bytes, [(150 * 2**20,), (2**20,)], parallel=2)
+    assert [r.value for r in rs] == [150 * 2**20, 2**20]
+    assert rs[0].work_rss_bytes > rs[1].work_rss_bytes + 100 * 2**20
+    with pytest.raises(ValueError, match="parallel=0"):
+        memory.measure_peaks(memory.allocate_bytes, [(1,)], parallel=0)
+
+
 def test_doctests():
     assert doctest.testmod(memory).failed == 0
