@@ -108,9 +108,10 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
         total, acc = 0.0, None
         for i in range(k):
             loss, grads = grads_fn(input_ids[i * micro:(i + 1) * micro])
-            acc = tuple(g / k for g in grads) if acc is None else add_fn(acc, grads)
+            # mutable: a plain tuple of tensors is a compile-time constant to ms.jit, and recompiles every call
+            acc = tuple(g / k for g in grads) if acc is None else add_fn(ms.mutable(acc), ms.mutable(grads))
             total = total + loss / k
-        grad_norm, finite = apply_fn(acc)
+        grad_norm, finite = apply_fn(ms.mutable(tuple(acc)))
         return total, grad_norm, finite, scaler.scale_value
     accum_step.loss_scaler = scaler
     return accum_step
