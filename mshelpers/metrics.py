@@ -99,8 +99,6 @@ def peak_memory_mb() -> float:
     On CPU `ms.runtime.max_memory_allocated()` returns 0, so the process peak RSS
     (which only grows) is the figure; compare runs in fresh processes.
     """
-    import resource
-    import sys
     try:
         import mindspore as ms
         dev = ms.runtime.max_memory_allocated()
@@ -108,15 +106,8 @@ def peak_memory_mb() -> float:
             return dev / 2**20
     except Exception:  # noqa: BLE001
         pass
-    try:  # VmHWM is this process's own peak; ru_maxrss would include a forking parent's
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return ru / 2**20 if sys.platform == "darwin" else ru / 1024
+    from .timing import peak_rss_mb   # VmHWM: this process's own peak, not a forking parent's
+    return peak_rss_mb()
 
 
 COLUMNS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "mfu",
