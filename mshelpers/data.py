@@ -144,14 +144,18 @@ def windows(cfg, n_windows: int | None = None) -> np.ndarray:
     return w[np.random.default_rng(cfg.seed).permutation(n)]
 
 
-def numpy_batches(cfg, num_shards: int = 1, shard_id: int = 0) -> Iterator[np.ndarray]:
-    """Endless iterator of (batch_size/num_shards, seq_len+1) int32 batches for one rank."""
+def _check_shards(fn: str, cfg, num_shards: int, shard_id: int) -> None:
     if num_shards < 1 or not 0 <= shard_id < num_shards:
-        raise ValueError(f"numpy_batches: shard_id={shard_id} with num_shards={num_shards} is invalid; "
+        raise ValueError(f"{fn}: shard_id={shard_id} with num_shards={num_shards} is invalid; "
                          "fix: 0 <= shard_id < num_shards")
     if cfg.batch_size % num_shards:
         raise ValueError(f"RunConfig.batch_size={cfg.batch_size} is not divisible by num_shards={num_shards}; "
                          "fix: make the global batch a multiple of the data-parallel size")
+
+
+def numpy_batches(cfg, num_shards: int = 1, shard_id: int = 0) -> Iterator[np.ndarray]:
+    """Endless iterator of (batch_size/num_shards, seq_len+1) int32 batches for one rank."""
+    _check_shards("numpy_batches", cfg, num_shards, shard_id)
     w = windows(cfg)[shard_id::num_shards]
     per_rank = cfg.batch_size // num_shards
     i = 0
@@ -168,12 +172,7 @@ def make_dataset(cfg, num_shards: int = 1, shard_id: int = 0, n_windows: int | N
     Sharding uses MindSpore's own `num_shards`/`shard_id`, so every rank reads a
     disjoint slice. The per-rank batch is cfg.batch_size // num_shards.
     """
-    if num_shards < 1 or not 0 <= shard_id < num_shards:
-        raise ValueError(f"make_dataset: shard_id={shard_id} with num_shards={num_shards} is invalid; "
-                         "fix: 0 <= shard_id < num_shards")
-    if cfg.batch_size % num_shards:
-        raise ValueError(f"RunConfig.batch_size={cfg.batch_size} is not divisible by num_shards={num_shards}; "
-                         "fix: make the global batch a multiple of the data-parallel size")
+    _check_shards("make_dataset", cfg, num_shards, shard_id)
     import mindspore.dataset as ds
     w = windows(cfg, n_windows)
     d = ds.NumpySlicesDataset({"input_ids": w}, shuffle=False, num_shards=num_shards, shard_id=shard_id)
