@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 
-.PHONY: venv cookbook test unit nbval lab bench clean
+.PHONY: venv cookbook test unit nbval e2e chromium lab bench clean
 venv: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
@@ -30,10 +30,22 @@ cookbook: $(STAMP)
 test: unit nbval
 
 unit: $(STAMP)
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q tests --ignore=tests/e2e
 
 nbval: $(STAMP)
 	$(BIN)/pytest -q --nbval-lax --nbval-cell-timeout=900 --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
+
+# The browser suite: JupyterLab and MindInsight driven in headless Chromium; screenshots go to build/e2e/.
+# `timeout -s INT` is a last resort against a hang: SIGINT still lets pytest stop every server it started.
+e2e: $(STAMP) chromium
+	timeout -s INT -k 60 480 $(BIN)/pytest -q tests/e2e
+
+# Debian's chromium for the e2e suite (Playwright drives it; `playwright install` downloads are not used).
+chromium:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+	  echo "==> apt-get install chromium chromium-driver"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=notebooks
