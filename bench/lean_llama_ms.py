@@ -14,12 +14,39 @@ from mindspore import nn, ops, Parameter, Tensor
 from mindspore.common.initializer import Normal, initializer
 
 
+def _np_mm(a, b):
+    return np.matmul(a, b)
+
+
+def _np_mm_tb(a, b):
+    return np.matmul(a, b.T)
+
+
+def _np_mm_ta(a, b):
+    return np.matmul(a.T, b)
+
+
+_same = lambda a, b: a   # noqa: E731  (output dtype = first input's)
+_mm_tb = ops.Custom(_np_mm_tb, out_shape=lambda a, b: [a[0], b[0]], out_dtype=_same, func_type="pyfunc")
+_mm_ta = ops.Custom(_np_mm_ta, out_shape=lambda a, b: [a[1], b[1]], out_dtype=_same, func_type="pyfunc")
+
+
+def _np_mm_bprop(a, b, out, dout):
+    return _mm_tb(dout, b), _mm_ta(a, dout)
+
+
+# A 2-D matmul run by NumPy's BLAS (OpenBLAS in the numpy wheel) as a MindSpore pyfunc Custom op,
+# with its backward as two more such ops. A benchmark candidate, not a recommendation: see bench/README.md.
+numpy_matmul = ops.Custom(_np_mm, out_shape=lambda a, b: [a[0], b[1]], out_dtype=_same, func_type="pyfunc",
+                          bprop=_np_mm_bprop)
+
+
 def _w(shape, std=0.02):
     return Parameter(initializer(Normal(std), shape, ms.float32))
 
 
 class RMSNorm(nn.Cell):
-    def __init__(self, dim, eps=1e-6):
+    def __init__(self, dim, eps=1e-5):   # mindformers rms_norm_eps
         super().__init__()
         self.weight = Parameter(Tensor(np.ones(dim, np.float32)))
         self.eps = eps
@@ -29,9 +56,9 @@ class RMSNorm(nn.Cell):
 
 
 class Block(nn.Cell):
-    def __init__(self, dim, heads, ffn, fused):
+    def __init__(self, dim, heads, ffn, fused, np_mm=False):
         super().__init__()
-        self.heads, self.hd, self.fused = heads, dim // heads, fused
+        self.heads, self.hd, self.fused, self.np_mm = heads, dim // heads, fused, np_mm
         self.attn_norm, self.mlp_norm = RMSNorm(dim), RMSNorm(dim)
         if fused:   # one matmul for q, k, v and one for gate+up: same parameter count, fewer kernels
             self.wqkv, self.w13 = _w((dim, 3 * dim)), _w((dim, 2 * ffn))
@@ -42,6 +69,11 @@ class Block(nn.Cell):
         self.scale = 1.0 / float(np.sqrt(self.hd))
         self.scores = ops.BatchMatMul(transpose_b=True)   # q @ k^T without a Transpose op (and its grad)
 
+    def mm(self, a, b):
+        if self.np_mm:
+            return numpy_matmul(a, b)
+        return ops.matmul(a, b)
+
     def rope(self, x, cos, sin):
         half = self.hd // 2
         x1, x2 = x[..., :half], x[..., half:]
@@ -51,31 +83,32 @@ class Block(nn.Cell):
         b, t, d = x.shape
         h = self.attn_norm(x).reshape(b * t, d)
         if self.fused:
-            q, k, v = ops.split(ops.matmul(h, self.wqkv), d, -1)
+            q, k, v = ops.split(self.mm(h, self.wqkv), d, -1)
         else:
-            q, k, v = ops.matmul(h, self.wq), ops.matmul(h, self.wk), ops.matmul(h, self.wv)
+            q, k, v = self.mm(h, self.wq), self.mm(h, self.wk), self.mm(h, self.wv)
         q = q.reshape(b, t, self.heads, self.hd).transpose(0, 2, 1, 3)
         k = k.reshape(b, t, self.heads, self.hd).transpose(0, 2, 1, 3)
         v = v.reshape(b, t, self.heads, self.hd).transpose(0, 2, 1, 3)
         q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
         s = self.scores(q, k) * self.scale + mask
         a = ops.matmul(ops.softmax(s, -1), v).transpose(0, 2, 1, 3).reshape(b * t, d)
-        x = x + ops.matmul(a, self.wo).reshape(b, t, d)
+        x = x + self.mm(a, self.wo).reshape(b, t, d)
         h = self.mlp_norm(x).reshape(b * t, d)
         if self.fused:
-            g, u = ops.split(ops.matmul(h, self.w13), self.w2.shape[0], -1)
+            g, u = ops.split(self.mm(h, self.w13), self.w2.shape[0], -1)
         else:
-            g, u = ops.matmul(h, self.w1), ops.matmul(h, self.w3)
-        return x + ops.matmul(ops.silu(g) * u, self.w2).reshape(b, t, d)
+            g, u = self.mm(h, self.w1), self.mm(h, self.w3)
+        return x + self.mm(ops.silu(g) * u, self.w2).reshape(b, t, d)
 
 
 class LeanLlama(nn.Cell):
     """input_ids (batch, T+1) int32 -> mean next-token cross-entropy (mindformers' calling convention)."""
 
-    def __init__(self, vocab, dim, layers, heads, ffn, seq_len=128, fused=False):
+    def __init__(self, vocab, dim, layers, heads, ffn, seq_len=128, fused=False, np_mm=False):
         super().__init__()
         self.embed = _w((vocab, dim))
-        self.blocks = nn.CellList([Block(dim, heads, ffn, fused) for _ in range(layers)])
+        self.blocks = nn.CellList([Block(dim, heads, ffn, fused, np_mm) for _ in range(layers)])
+        self.np_mm = np_mm
         self.norm = RMSNorm(dim)
         self.head = _w((dim, vocab))
         hd = dim // heads
@@ -92,5 +125,6 @@ class LeanLlama(nn.Cell):
         h = ops.gather(self.embed, x, 0)
         for blk in self.blocks:
             h = blk(h, self.cos, self.sin, self.mask)
-        logits = ops.matmul(self.norm(h).reshape(b * t, -1), self.head)
+        hn = self.norm(h).reshape(b * t, -1)
+        logits = numpy_matmul(hn, self.head) if self.np_mm else ops.matmul(hn, self.head)
         return ops.cross_entropy(logits, y.reshape(-1))

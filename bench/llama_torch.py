@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
+    def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
         self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
 
