@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 
-.PHONY: venv cookbook test unit nbval e2e chromium lab bench clean
+.PHONY: venv cookbook test unit nbval e2e chromium lab bench bench-pytorch clean
 venv: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
@@ -50,8 +50,15 @@ chromium:
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=notebooks
 
+# PyTorch (CPU, pinned in bench/requirements.txt) is a benchmark-only extra; the cookbook never imports it.
 bench: $(STAMP)
+	$(BIN)/pip install -q -r bench/requirements.txt
+	$(BIN)/python -m bench.compare_pytorch
 	@for b in bench/bench_*.py; do echo "==> $$b"; $(BIN)/python $$b || exit 1; done
+
+bench-pytorch: $(STAMP)
+	$(BIN)/pip install -q -r bench/requirements.txt
+	$(BIN)/python -m bench.compare_pytorch
 
 clean:
 	rm -rf build notebooks/output

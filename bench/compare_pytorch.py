@@ -14,6 +14,7 @@ PyTorch is a benchmark-only extra: pip install -r bench/requirements.txt.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -192,9 +193,16 @@ def torch_peak_flops(n: int = 2048, repeats: int = 8) -> float:
     return 2 * n ** 3 / best
 
 
+# Importing mindspore sets OMP_NUM_THREADS=1 in the process's C environment (os.environ does not show it),
+# and every process started afterwards inherits it: a PyTorch child then runs its ops on one thread.
+# So a PyTorch run gets the thread count a clean shell would give it; a MindSpore run sets its own.
+TORCH_ENV = {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}
+
+
 def alternate(sides: dict[str, tuple], repeats: int, steps: int, warmup: int) -> dict[str, dict]:
     """Run every side `repeats` times in fresh processes, rotating the order; pool the steady steps."""
-    pooled = {name: dict(step_s=[], cpu_s=[], first_step_s=[], final_loss=[], log_s=[]) for name in sides}
+    pooled = {name: dict(step_s=[], cpu_s=[], first_step_s=[], final_loss=[], log_s=[], round_median_s=[])
+              for name in sides}
     names = list(sides)
     try:
         from tqdm import tqdm
@@ -203,13 +211,14 @@ def alternate(sides: dict[str, tuple], repeats: int, steps: int, warmup: int) ->
         bar = None
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            fn, kw = sides[name]
-            res = run_isolated(fn, steps, warmup, timeout=1800, **kw).value
+            fn, kw, env = sides[name]
+            res = run_isolated(fn, steps, warmup, timeout=1800, env=env, **kw).value
             p = pooled[name]
             p["step_s"] += res["step_s"]
             p["cpu_s"] += res["cpu_s"]
             p["log_s"] += res.get("log_s", [])
             p["first_step_s"].append(res["first_step_s"])
+            p["round_median_s"].append(statistics.median(res["step_s"]))
             p["final_loss"].append(res["final_loss"])
             if bar:
                 bar.update(1)
@@ -242,6 +251,8 @@ CANDIDATES = {
     "lean, jit_level O1": dict(model="lean", step="cell", jit_level="O1"),
     "lean, runtime_num_threads=1": dict(model="lean", step="cell", jit_level=None, threads=1),
     "lean, runtime_num_threads=4": dict(model="lean", step="cell", jit_level=None, threads=4),
+    "lean, OMP_NUM_THREADS=2 set by the user": dict(model="lean", step="cell", jit_level=None,
+                                                    env={"OMP_NUM_THREADS": "2"}),
     "lean + per-step StepLogger": dict(model="lean", step="cell", jit_level=None, log=True),
     "lean + cookbook step (clip, norm, overflow)": dict(model="lean", step="cookbook", jit_level=None),
     "lean, AdamWeightDecay (no bias correction)": dict(model="lean", step="cell", jit_level=None,
@@ -274,16 +285,18 @@ def main(argv: list[str] | None = None) -> int:
     peak_before = run_isolated(ms_peak_flops).value
     if a.candidates:
         chosen = {k: v for k, v in CANDIDATES.items() if not a.only or k in a.only}
-        sides = {name: (ms_side, kw) for name, kw in chosen.items()}
+        sides = {name: (ms_side, {k: v for k, v in kw.items() if k != "env"}, kw.get("env"))
+                 for name, kw in chosen.items()}
     else:
-        sides = {"mindspore (cookbook recipe)": (ms_side, BEST_MS), "pytorch eager": (torch_side, {})}
+        sides = {"mindspore (cookbook recipe)": (ms_side, BEST_MS, None),
+                 "pytorch eager": (torch_side, {}, TORCH_ENV)}
         if not a.no_compile:
-            sides["pytorch torch.compile"] = (torch_side, dict(compile=True))
+            sides["pytorch torch.compile"] = (torch_side, dict(compile=True), TORCH_ENV)
     pooled = alternate(sides, a.repeats, a.steps, a.warmup)
     peak = max(peak_before, run_isolated(ms_peak_flops).value)   # best of two probes, before and after
     # MindSpore's and PyTorch's CPU matmul kernels differ on this machine, so the hardware's practical
     # peak is the faster of the two; mfu uses measure_peak_flops() (MindSpore's), as the notebooks do.
-    torch_peak = 0.0 if a.candidates else run_isolated(torch_peak_flops).value
+    torch_peak = 0.0 if a.candidates else run_isolated(torch_peak_flops, env=TORCH_ENV).value
     rows = rows_for(pooled, peak, fpt, max(peak, torch_peak))
     when = time.strftime("%Y-%m-%d %H:%M")
     csv = build_dir("bench") / ("ms_candidates.csv" if a.candidates else "compare_pytorch.csv")
@@ -303,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"StepLogger.log_step: median {log_ms:.3f} ms per step = {100 * log_ms / step_ms:.2f}% of "
                   f"the {step_ms:.0f} ms step (target < 1%)")
         return 0
+    # Runs of one round are seconds apart, so their ratio is the least noisy comparison on a shared machine.
+    ms_rounds = pooled["mindspore (cookbook recipe)"]["round_median_s"]
+    for other in [n for n in pooled if n.startswith("pytorch")]:
+        ratios = [o / m for o, m in zip(pooled[other]["round_median_s"], ms_rounds)]
+        print(f"per-round tokens/s ratio mindspore/{other.split()[1]}: "
+              + ", ".join(f"{r:.2f}" for r in ratios) + f" (median {statistics.median(ratios):.2f})")
     ms_tps, pt = by["mindspore (cookbook recipe)"]["tokens_per_s"], by["pytorch eager"]["tokens_per_s"]
     if "pytorch torch.compile" in by:
         print(f"ratio mindspore/torch.compile tokens/s: {ms_tps / by['pytorch torch.compile']['tokens_per_s']:.2f}")
