@@ -300,13 +300,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = rows_for(pooled, peak, fpt, max(peak, torch_peak))
     when = time.strftime("%Y-%m-%d %H:%M")
     csv = build_dir("bench") / ("ms_candidates.csv" if a.candidates else "compare_pytorch.csv")
-    for r in rows:
-        append_csv({"when": when, **r, "peak_gflops": peak / 1e9, "torch_peak_gflops": torch_peak / 1e9}, csv)
     print(f"mini LLaMA, {N_PARAMS:,} parameters, batch {BATCH} x seq {SEQ}; {a.repeats} repeats x {a.steps} "
           f"steady steps per side; peak {peak / 1e9:.0f} GFLOP/s (measure_peak_flops, MindSpore's matmul)"
           + (f", {torch_peak / 1e9:.0f} GFLOP/s (the same matmul in PyTorch); " if torch_peak else "; ")
           + f"{fpt / 1e6:.2f} MFLOP/token")
     print(markdown_table(rows, digits=4))
+    try:
+        for r in rows:
+            append_csv({"when": when, **r, "peak_gflops": peak / 1e9, "torch_peak_gflops": torch_peak / 1e9}, csv)
+    except ValueError:   # an older file with other columns: start a new one rather than lose the run
+        csv = csv.with_name(f"{csv.stem}-{time.strftime('%Y%m%d-%H%M%S')}.csv")
+        for r in rows:
+            append_csv({"when": when, **r, "peak_gflops": peak / 1e9, "torch_peak_gflops": torch_peak / 1e9}, csv)
     print(f"rows appended to {csv}")
     by = {r["side"]: r for r in rows}
     if a.candidates:

@@ -69,3 +69,11 @@ def test_lean_loss_matches_mindformers(models):
     x = ms.Tensor(np.random.default_rng(0).integers(1, 1024, (2, 129)).astype(np.int32))
     a, b = float(mf(x).asnumpy()), float(lean(x).asnumpy())
     assert abs(a - b) < 1e-4, f"mindformers loss {a} vs lean loss {b}"
+
+
+@pytest.mark.parametrize("args, named", [(["--repeats", "0"], "--repeats 0"), (["--steps", "-1"], "--steps -1")])
+def test_compare_pytorch_rejects_bad_counts_before_any_run(args, named):
+    import subprocess
+    r = subprocess.run([sys.executable, "-m", "bench.compare_pytorch", *args], cwd=repo_root(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and named in r.stderr and "fix:" in r.stderr, r.stderr[-500:]
