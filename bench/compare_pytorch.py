@@ -292,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
                  "pytorch eager": (torch_side, {}, TORCH_ENV)}
         if not a.no_compile:
             sides["pytorch torch.compile"] = (torch_side, dict(compile=True), TORCH_ENV)
+    if not a.candidates:   # like for like first: same weights, same 3 AdamW steps, same losses
+        eq = run_isolated(equivalence).value
+        print(f"equivalence (lean MindSpore vs PyTorch, same weights, 3 steps): max |loss diff| {eq['max_abs_diff']:.2e}")
     pooled = alternate(sides, a.repeats, a.steps, a.warmup)
     peak = max(peak_before, run_isolated(ms_peak_flops).value)   # best of two probes, before and after
     # MindSpore's and PyTorch's CPU matmul kernels differ on this machine, so the hardware's practical
