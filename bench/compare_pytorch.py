@@ -30,7 +30,7 @@ BATCH, SEQ, LR, EPS = 8, 128, 3e-4, 1e-8
 N_PARAMS = 3_688_704
 
 # The recipe the comparison uses: the winner of `--candidates` (see bench/README.md).
-BEST_MS = dict(model="lean", step="cell", jit_level=None, threads=None)
+BEST_MS = dict(model="lean", step="cell", jit_level=None, threads=None, lean=None)
 
 
 def _batch(seed: int = 0):
@@ -68,8 +68,12 @@ def ms_optimizer(params, kind: str = "adam"):
 
 
 def ms_side(steps: int, warmup: int, model: str = "lean", step: str = "cell", jit_level: str | None = None,
-            threads: int | None = None, log: bool = False, optimizer: str = "adam") -> dict:
-    """One MindSpore run in this (fresh) process. See --candidates for what each option means."""
+            threads: int | None = None, log: bool = False, optimizer: str = "adam", lean: dict | None = None) -> dict:
+    """One MindSpore run in this (fresh) process. See --candidates for what each option means.
+
+    model "lean" is bench.lean_llama_ms.LeanLlama(**lean) (all its CPU optimizations on unless `lean` turns
+    some off); "mindformers" is the notebooks' LlamaForCausalLM.
+    """
     import mshelpers  # noqa: F401  (quiets MindSpore's logs before it loads)
     import mindspore as ms
     from mindspore import nn
@@ -85,7 +89,7 @@ def ms_side(steps: int, warmup: int, model: str = "lean", step: str = "cell", ji
         net = build_model(RunConfig.preset("mini"))
     else:
         from bench.lean_llama_ms import LeanLlama
-        net = LeanLlama(**DIMS, seq_len=SEQ, fused=model == "lean_fused", np_mm=model == "lean_numpy_matmul")
+        net = LeanLlama(**DIMS, seq_len=SEQ, **(lean or {}))
     n = int(sum(p.size for p in net.trainable_params()))
     assert n == N_PARAMS, f"{model}: {n} parameters, expected {N_PARAMS}"
     opt = ms_optimizer(net.trainable_params(), optimizer)
@@ -243,22 +247,30 @@ def rows_for(pooled: dict[str, dict], peak: float, fpt: int, best_peak: float | 
     return rows
 
 
-CANDIDATES = {
-    "mindformers + TrainOneStepCell": dict(model="mindformers", step="cell", jit_level=None),
-    "mindformers + cookbook step (clip, norm, overflow)": dict(model="mindformers", step="cookbook", jit_level=None),
-    "lean + TrainOneStepCell": dict(model="lean", step="cell", jit_level=None),
-    "lean, fused qkv and gate/up": dict(model="lean_fused", step="cell", jit_level=None),
-    "lean, jit_level O1": dict(model="lean", step="cell", jit_level="O1"),
-    "lean, runtime_num_threads=1": dict(model="lean", step="cell", jit_level=None, threads=1),
-    "lean, runtime_num_threads=4": dict(model="lean", step="cell", jit_level=None, threads=4),
-    "lean, OMP_NUM_THREADS=2 set by the user": dict(model="lean", step="cell", jit_level=None,
-                                                    env={"OMP_NUM_THREADS": "2"}),
-    "lean + per-step StepLogger": dict(model="lean", step="cell", jit_level=None, log=True),
-    "lean + cookbook step (clip, norm, overflow)": dict(model="lean", step="cookbook", jit_level=None),
-    "lean, AdamWeightDecay (no bias correction)": dict(model="lean", step="cell", jit_level=None,
-                                                        optimizer="adamweightdecay"),
-    "lean, NumPy-BLAS matmul (pyfunc Custom op)": dict(model="lean_numpy_matmul", step="cell", jit_level=None),
-}
+def _without(option: str) -> dict:
+    return dict(model="lean", step="cell", lean={option: False})
+
+
+def candidates() -> dict[str, dict]:
+    """The MindSpore-side candidates of --candidates, by name (imports mindspore, so built on demand)."""
+    from bench.lean_llama_ms import PLAIN, TUNED
+    return {
+        "mindformers + TrainOneStepCell": dict(model="mindformers", step="cell"),
+        "mindformers + cookbook step (clip, norm, overflow)": dict(model="mindformers", step="cookbook"),
+        "lean as first written (none of the optimizations)": dict(model="lean", step="cell", lean=PLAIN),
+        "lean recipe (all optimizations) + TrainOneStepCell": dict(model="lean", step="cell"),
+        **{f"recipe without {opt}": _without(opt) for opt in TUNED},
+        "recipe, fused qkv and gate/up": dict(model="lean", step="cell", lean=dict(fused=True)),
+        "recipe, jit_level O1": dict(model="lean", step="cell", jit_level="O1"),
+        "recipe, runtime_num_threads=1": dict(model="lean", step="cell", threads=1),
+        "recipe, runtime_num_threads=4": dict(model="lean", step="cell", threads=4),
+        "recipe, OMP_NUM_THREADS=2 set by the user": dict(model="lean", step="cell", env={"OMP_NUM_THREADS": "2"}),
+        "recipe + per-step StepLogger": dict(model="lean", step="cell", log=True),
+        "recipe + cookbook step (clip, norm, overflow)": dict(model="lean", step="cookbook"),
+        "recipe, AdamWeightDecay (no bias correction)": dict(model="lean", step="cell", optimizer="adamweightdecay"),
+        "recipe, MatMul through NumPy (pyfunc Custom op)": dict(model="lean", step="cell", lean=dict(matmul="numpy")),
+        "recipe, MatMul through OpenBLAS (AOT Custom op)": dict(model="lean", step="cell", lean=dict(matmul="blas")),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     fpt = flops_per_token(N_PARAMS, DIMS["layers"], DIMS["dim"], SEQ)
     peak_before = run_isolated(ms_peak_flops).value
     if a.candidates:
-        chosen = {k: v for k, v in CANDIDATES.items() if not a.only or k in a.only}
+        chosen = {k: v for k, v in candidates().items() if not a.only or k in a.only}
         sides = {name: (ms_side, {k: v for k, v in kw.items() if k != "env"}, kw.get("env"))
                  for name, kw in chosen.items()}
     else:
@@ -318,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rows appended to {csv}")
     by = {r["side"]: r for r in rows}
     if a.candidates:
-        logged = pooled.get("lean + per-step StepLogger")
+        logged = pooled.get("recipe + per-step StepLogger")
         if logged and logged["log_s"]:
             log_ms, step_ms = statistics.median(logged["log_s"]) * 1e3, statistics.median(logged["step_s"]) * 1e3
             print(f"StepLogger.log_step: median {log_ms:.3f} ms per step = {100 * log_ms / step_ms:.2f}% of "

@@ -1,10 +1,15 @@
 """A lean LLaMA `Cell` for MindSpore: the mindformers mini model's maths, none of its parallel plumbing.
 
+Each keyword switches one of the CPU optimizations measured in bench/README.md; all are on by default,
+which is the benchmark's MindSpore recipe. Every setting computes the same function (tests/test_bench_models.py
+checks each against mindformers' LlamaForCausalLM).
+
 Example:
     >>> from bench.lean_llama_ms import LeanLlama
     >>> net = LeanLlama(vocab=1024, dim=256, layers=4, heads=4, ffn=688)
     >>> sum(p.size for p in net.trainable_params())
     3688704
+    >>> plain = LeanLlama(vocab=1024, dim=256, layers=4, heads=4, ffn=688, **PLAIN)   # none of them
 """
 from __future__ import annotations
 
@@ -12,6 +17,12 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 from mindspore.common.initializer import Normal, initializer
+
+# The optimizations, all on by default. PLAIN turns them all off: the model as first written.
+TUNED = dict(primitive_matmul=True, fused_cross_entropy=True, norm_by_matmul=True, softmax_bprop=True,
+             rope_by_matmul=True)
+PLAIN = {k: False for k in TUNED}
+MATMULS = ("ms", "numpy", "blas")
 
 
 def _np_mm(a, b):
@@ -41,47 +52,96 @@ numpy_matmul = ops.Custom(_np_mm, out_shape=lambda a, b: [a[0], b[1]], out_dtype
                           bprop=_np_mm_bprop)
 
 
+def _matmuls(matmul: str, primitive: bool) -> tuple:
+    """(2-D a @ b, batched a @ b, batched a @ b^T) for a LeanLlama `matmul` setting."""
+    if matmul not in MATMULS:
+        raise ValueError(f"matmul={matmul!r} is not one of {MATMULS}; fix: pick one of them")
+    if matmul == "blas":
+        from bench.blas_matmul import blas_matmul, blas_matmul_nt
+        return blas_matmul, blas_matmul, blas_matmul_nt
+    scores = ops.BatchMatMul(transpose_b=True)   # q @ k^T without a Transpose op
+    # ops.matmul is MatMulExt: its gradient transposes operands with explicit Transpose ops. The MatMul
+    # primitives' gradients set transpose flags on the next MatMul instead, so no Transpose runs.
+    mm2d, bmm = (ops.MatMul(), ops.BatchMatMul()) if primitive else (ops.matmul, ops.matmul)
+    return (numpy_matmul if matmul == "numpy" else mm2d), bmm, scores
+
+
 def _w(shape, std=0.02):
     return Parameter(initializer(Normal(std), shape, ms.float32))
 
 
 class RMSNorm(nn.Cell):
-    def __init__(self, dim, eps=1e-5):   # mindformers rms_norm_eps
+    """x (N, d) -> x / rms(x) * weight. With by_matmul the row mean is a MatMul with a 1/d column:
+    MindSpore's CPU ReduceMean over the last axis is several times slower than that MatMul here."""
+
+    def __init__(self, dim, eps=1e-5, by_matmul=True):   # mindformers rms_norm_eps
         super().__init__()
         self.weight = Parameter(Tensor(np.ones(dim, np.float32)))
-        self.eps = eps
+        self.eps, self.by_matmul = eps, by_matmul
+        self.avg = Tensor(np.full((dim, 1), 1.0 / dim, np.float32))
+        self.mm = ops.MatMul()
 
     def construct(self, x):
-        return x * ops.rsqrt(ops.mean(x * x, -1, keep_dims=True) + self.eps) * self.weight
+        sq = x * x
+        mean_sq = self.mm(sq, self.avg) if self.by_matmul else ops.mean(sq, -1, keep_dims=True)
+        return x * ops.rsqrt(mean_sq + self.eps) * self.weight
+
+
+class Softmax(nn.Cell):
+    """Softmax over the last axis; with row_sum_by_matmul its gradient's row sum is a MatMul with ones
+    (the autodiff gradient's ReduceSum was ~3 ms per call on this CPU)."""
+
+    def __init__(self, n, row_sum_by_matmul=True):
+        super().__init__()
+        self.ones = Tensor(np.ones((n, 1), np.float32))
+        self.custom = row_sum_by_matmul
+
+    def construct(self, s):
+        return ops.softmax(s, -1)
+
+    def bprop(self, s, out, dout):   # d softmax: y * (dy - sum(dy * y))
+        dy = dout * out
+        row_sum = ops.matmul(dy, self.ones) if self.custom else dy.sum(-1, keepdims=True)
+        return (dy - out * row_sum,)
+
+
+def _rotate_half_matrix(hd: int) -> np.ndarray:
+    """R with x @ R == concat(-x[..., hd/2:], x[..., :hd/2]): rotate-half as one small MatMul."""
+    half = hd // 2
+    r = np.zeros((hd, hd), np.float32)
+    r[half:, :half] = -np.eye(half, dtype=np.float32)
+    r[:half, half:] = np.eye(half, dtype=np.float32)
+    return r
 
 
 class Block(nn.Cell):
-    def __init__(self, dim, heads, ffn, fused, np_mm=False):
+    def __init__(self, dim, heads, ffn, seq_len, fused=False, matmul="ms", primitive_matmul=True, norm_by_matmul=True,
+                 softmax_bprop=True, rope_by_matmul=True):
         super().__init__()
-        self.heads, self.hd, self.fused, self.np_mm = heads, dim // heads, fused, np_mm
-        self.attn_norm, self.mlp_norm = RMSNorm(dim), RMSNorm(dim)
+        self.heads, self.hd, self.fused, self.seq_len = heads, dim // heads, fused, seq_len
+        self.attn_norm, self.mlp_norm = RMSNorm(dim, by_matmul=norm_by_matmul), RMSNorm(dim, by_matmul=norm_by_matmul)
         if fused:   # one matmul for q, k, v and one for gate+up: same parameter count, fewer kernels
             self.wqkv, self.w13 = _w((dim, 3 * dim)), _w((dim, 2 * ffn))
         else:
             self.wq, self.wk, self.wv = _w((dim, dim)), _w((dim, dim)), _w((dim, dim))
             self.w1, self.w3 = _w((dim, ffn)), _w((dim, ffn))
         self.wo, self.w2 = _w((dim, dim)), _w((ffn, dim))
+        self.mm, self.bmm, self.scores = _matmuls(matmul, primitive_matmul)
+        self.softmax = Softmax(seq_len, row_sum_by_matmul=softmax_bprop)
+        self.rope_by_matmul = rope_by_matmul
+        self.rot = Tensor(_rotate_half_matrix(self.hd))
         self.scale = 1.0 / float(np.sqrt(self.hd))
-        self.scores = ops.BatchMatMul(transpose_b=True)   # q @ k^T without a Transpose op (and its grad)
-
-    def mm(self, a, b):
-        if self.np_mm:
-            return numpy_matmul(a, b)
-        return ops.matmul(a, b)
 
     def rope(self, x, cos, sin):
+        if self.rope_by_matmul:
+            return x * cos + self.mm(x.reshape(-1, self.hd), self.rot).reshape(x.shape) * sin
         half = self.hd // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return x * cos + ops.concat((-x2, x1), -1) * sin
+        return x * cos + ops.concat((-x[..., half:], x[..., :half]), -1) * sin
 
-    def construct(self, x, cos, sin, mask):
-        b, t, d = x.shape
-        h = self.attn_norm(x).reshape(b * t, d)
+    def construct(self, x, cos, sin, cos_q, sin_q, mask):
+        n, d = x.shape   # x is (batch * seq, dim) throughout: no reshapes around the 2-D MatMuls
+        b, t = n // self.seq_len, self.seq_len
+        h = self.attn_norm(x)
         if self.fused:
             q, k, v = ops.split(self.mm(h, self.wqkv), d, -1)
         else:
@@ -89,42 +149,64 @@ class Block(nn.Cell):
         q = q.reshape(b, t, self.heads, self.hd).transpose(0, 2, 1, 3)
         k = k.reshape(b, t, self.heads, self.hd).transpose(0, 2, 1, 3)
         v = v.reshape(b, t, self.heads, self.hd).transpose(0, 2, 1, 3)
-        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
-        s = self.scores(q, k) * self.scale + mask
-        a = ops.matmul(ops.softmax(s, -1), v).transpose(0, 2, 1, 3).reshape(b * t, d)
-        x = x + self.mm(a, self.wo).reshape(b, t, d)
-        h = self.mlp_norm(x).reshape(b * t, d)
+        # cos_q/sin_q carry the 1/sqrt(head_dim) score scale when rope_by_matmul (see LeanLlama)
+        q, k = self.rope(q, cos_q, sin_q), self.rope(k, cos, sin)
+        s = self.scores(q, k)
+        if not self.rope_by_matmul:
+            s = s * self.scale
+        s = s + mask
+        a = self.bmm(self.softmax(s), v).transpose(0, 2, 1, 3).reshape(n, d)
+        x = x + self.mm(a, self.wo)
+        h = self.mlp_norm(x)
         if self.fused:
             g, u = ops.split(self.mm(h, self.w13), self.w2.shape[0], -1)
         else:
             g, u = self.mm(h, self.w1), self.mm(h, self.w3)
-        return x + self.mm(ops.silu(g) * u, self.w2).reshape(b, t, d)
+        return x + self.mm(ops.silu(g) * u, self.w2)
 
 
 class LeanLlama(nn.Cell):
-    """input_ids (batch, T+1) int32 -> mean next-token cross-entropy (mindformers' calling convention)."""
+    """input_ids (batch, T+1) int32 -> mean next-token cross-entropy (mindformers' calling convention).
 
-    def __init__(self, vocab, dim, layers, heads, ffn, seq_len=128, fused=False, np_mm=False):
+    Keywords: fused (one q/k/v and one gate/up MatMul), matmul ("ms" MindSpore's kernel, "numpy" a pyfunc
+    Custom op, "blas" an AOT Custom op calling OpenBLAS), and the TUNED switches: primitive_matmul,
+    fused_cross_entropy, norm_by_matmul, softmax_bprop, rope_by_matmul (each explained where it is used).
+    """
+
+    def __init__(self, vocab, dim, layers, heads, ffn, seq_len=128, fused=False, matmul="ms", **tuned):
         super().__init__()
+        unknown = set(tuned) - set(TUNED)
+        if unknown:
+            raise TypeError(f"unknown LeanLlama option(s) {sorted(unknown)}; fix: use fused, matmul or {sorted(TUNED)}")
+        opts = {**TUNED, **tuned}
         self.embed = _w((vocab, dim))
-        self.blocks = nn.CellList([Block(dim, heads, ffn, fused, np_mm) for _ in range(layers)])
-        self.np_mm = np_mm
-        self.norm = RMSNorm(dim)
+        block_opts = {k: v for k, v in opts.items() if k != "fused_cross_entropy"}
+        self.blocks = nn.CellList([Block(dim, heads, ffn, seq_len, fused, matmul, **block_opts) for _ in range(layers)])
+        self.norm = RMSNorm(dim, by_matmul=opts["norm_by_matmul"])
         self.head = _w((dim, vocab))
+        self.mm = _matmuls(matmul, opts["primitive_matmul"])[0]
         hd = dim // heads
         inv = 1.0 / 10000.0 ** (np.arange(0, hd, 2, dtype=np.float32) / hd)
         ang = np.outer(np.arange(seq_len, dtype=np.float32), inv)
         ang = np.concatenate([ang, ang], -1)
-        self.cos, self.sin = Tensor(np.cos(ang)), Tensor(np.sin(ang))
+        cos, sin = np.cos(ang), np.sin(ang)
+        self.cos, self.sin = Tensor(cos), Tensor(sin)
+        # Folding the 1/sqrt(head_dim) score scale into q's rotary tables saves a Mul over the
+        # (batch, heads, T, T) scores and its gradient: rope is linear, so rope(q) * c == rope_c(q).
+        scale = 1.0 / np.sqrt(hd) if opts["rope_by_matmul"] else 1.0
+        self.cos_q, self.sin_q = Tensor(cos * scale), Tensor(sin * scale)
         self.mask = Tensor(np.triu(np.full((seq_len, seq_len), -1e9, np.float32), 1))
-        self.vocab = vocab
+        self.fused_ce = opts["fused_cross_entropy"]
+        # one fused kernel for softmax + NLL and its gradient, instead of ReduceMax, Sub, Exp, Log, ... each way
+        self.sce = ops.SparseSoftmaxCrossEntropyWithLogits()
 
     def construct(self, input_ids):
         x, y = input_ids[:, :-1], input_ids[:, 1:]
         b, t = x.shape
-        h = ops.gather(self.embed, x, 0)
+        h = ops.gather(self.embed, x, 0).reshape(b * t, -1)
         for blk in self.blocks:
-            h = blk(h, self.cos, self.sin, self.mask)
-        hn = self.norm(h).reshape(b * t, -1)
-        logits = numpy_matmul(hn, self.head) if self.np_mm else ops.matmul(hn, self.head)
+            h = blk(h, self.cos, self.sin, self.cos_q, self.sin_q, self.mask)
+        logits = self.mm(self.norm(h), self.head)
+        if self.fused_ce:
+            return self.sce(logits, y.reshape(-1))
         return ops.cross_entropy(logits, y.reshape(-1))

@@ -15,6 +15,9 @@ from mshelpers.config import repo_root
 sys.path.insert(0, str(repo_root()))   # bench/ is a folder of scripts, not an installed package
 
 
+DIMS = dict(vocab=1024, dim=256, layers=4, heads=4, ffn=688, seq_len=128)
+
+
 @pytest.fixture(scope="module")
 def models():
     from mshelpers.config import RunConfig
@@ -23,7 +26,7 @@ def models():
     from bench.lean_llama_ms import LeanLlama
     setup("pynative", seed=0)
     mf = build_model(RunConfig.preset("mini"))
-    lean = LeanLlama(vocab=1024, dim=256, layers=4, heads=4, ffn=688, seq_len=128)
+    lean = LeanLlama(**DIMS)
     return mf, lean, count_params(mf), count_params(lean)
 
 
@@ -55,9 +58,13 @@ def test_same_parameter_count(models):
     assert n_mf == n_lean == 3_688_704
 
 
-def test_lean_loss_matches_mindformers(models):
+@pytest.mark.parametrize("options", ["recipe", "plain"])
+def test_lean_loss_matches_mindformers(models, options):
+    """The benchmark's recipe (every CPU optimization on) and the plain Cell both compute mindformers' loss."""
     import mindspore as ms
+    from bench.lean_llama_ms import LeanLlama, PLAIN
     mf, lean, _, _ = models
+    lean = lean if options == "recipe" else LeanLlama(**DIMS, **PLAIN)
     # Large random weights first: at the 0.02-std init attention is near uniform and the loss would
     # not notice a wrong rotary embedding or mask.
     rng = np.random.default_rng(1)
@@ -69,6 +76,59 @@ def test_lean_loss_matches_mindformers(models):
     x = ms.Tensor(np.random.default_rng(0).integers(1, 1024, (2, 129)).astype(np.int32))
     a, b = float(mf(x).asnumpy()), float(lean(x).asnumpy())
     assert abs(a - b) < 1e-4, f"mindformers loss {a} vs lean loss {b}"
+
+
+def _grads(net, x):
+    import mindspore as ms
+    _, grads = ms.value_and_grad(net, None, net.trainable_params())(x)
+    return {p.name: g.asnumpy() for p, g in zip(net.trainable_params(), grads)}
+
+
+def test_each_optimization_keeps_the_gradients(models):
+    """Turning any one optimization off leaves every gradient unchanged: the custom softmax bprop, the
+    matmul-based norm and rotary, the fused cross-entropy and the MatMul primitives are exact rewrites."""
+    import mindspore as ms
+    from bench.lean_llama_ms import LeanLlama, TUNED
+    _, recipe, _, _ = models
+    x = ms.Tensor(np.random.default_rng(2).integers(0, 1024, (2, 129)).astype(np.int32))
+    ref = _grads(recipe, x)
+    for option in TUNED:
+        other = LeanLlama(**DIMS, **{option: False})
+        ms.load_param_into_net(other, {p.name: ms.Parameter(p.data.copy(), name=p.name)
+                                       for p in recipe.trainable_params()})
+        got = _grads(other, x)
+        for name, g in ref.items():
+            scale = max(float(np.abs(g).max()), 1e-12)
+            err = float(np.abs(got[name] - g).max()) / scale
+            assert err < 1e-3, f"without {option}: gradient of {name} differs by {err:.2e} (relative)"
+
+
+def test_lean_rejects_unknown_option():
+    from bench.lean_llama_ms import LeanLlama
+    with pytest.raises(TypeError, match="rope_by_matmull.*fix"):
+        LeanLlama(**DIMS, rope_by_matmull=True)
+
+
+def test_blas_matmul_matches_and_differentiates():
+    """The OpenBLAS AOT candidate: forward and both gradients equal MindSpore's MatMul, batched too."""
+    import shutil
+    import mindspore as ms
+    from mindspore import ops
+    if shutil.which("g++") is None:
+        pytest.fail("g++ is missing: the benchmark's AOT candidate needs it (apt-get install g++)")
+    from bench.blas_matmul import blas_matmul, blas_matmul_nt
+    rng = np.random.default_rng(3)
+    for shape_a, shape_b in [((64, 32), (32, 48)), ((2, 3, 16, 8), (2, 3, 8, 12))]:
+        a = ms.Tensor(rng.normal(size=shape_a).astype(np.float32))
+        b = ms.Tensor(rng.normal(size=shape_b).astype(np.float32))
+        ref = np.matmul(a.asnumpy(), b.asnumpy())
+        np.testing.assert_allclose(blas_matmul(a, b).asnumpy(), ref, rtol=1e-5, atol=1e-5)
+        bt = ms.Tensor(np.ascontiguousarray(np.swapaxes(b.asnumpy(), -1, -2)))
+        np.testing.assert_allclose(blas_matmul_nt(a, bt).asnumpy(), ref, rtol=1e-5, atol=1e-5)
+        ga = ms.grad(lambda x, y: (blas_matmul(x, y) ** 2).sum(), grad_position=(0, 1))(a, b)
+        gr = ms.grad(lambda x, y: (ops.matmul(x, y) ** 2).sum(), grad_position=(0, 1))(a, b)
+        for got, want in zip(ga, gr):
+            np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("args, named", [(["--repeats", "0"], "--repeats 0"), (["--steps", "-1"], "--steps -1")])
