@@ -54,6 +54,7 @@ lab: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -r bench/requirements.txt
 	$(BIN)/python -m bench.compare_pytorch
+	$(BIN)/python -m bench.profile_recipe
 	$(BIN)/python -m bench.train_step_ablation
 	@for b in bench/bench_*.py; do echo "==> $$b"; $(BIN)/python $$b || exit 1; done
 

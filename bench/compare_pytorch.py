@@ -260,6 +260,7 @@ def candidates() -> dict[str, dict]:
         "lean as first written (none of the optimizations)": dict(model="lean", step="cell", lean=PLAIN),
         "lean recipe (all optimizations) + TrainOneStepCell": dict(model="lean", step="cell"),
         **{f"recipe without {opt}": _without(opt) for opt in TUNED},
+        "recipe + RMSNorm mean as a MatMul": dict(model="lean", step="cell", lean=dict(norm_by_matmul=True)),
         "recipe, fused qkv and gate/up": dict(model="lean", step="cell", lean=dict(fused=True)),
         "recipe, jit_level O1": dict(model="lean", step="cell", jit_level="O1"),
         "recipe, runtime_num_threads=1": dict(model="lean", step="cell", threads=1),

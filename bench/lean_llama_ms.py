@@ -1,11 +1,11 @@
 """A lean LLaMA `Cell` for MindSpore: the mindformers mini model's maths, none of its parallel plumbing.
 
-Each keyword switches one of the CPU optimizations measured in bench/README.md; all are on by default,
-which is the benchmark's MindSpore recipe. Every setting computes the same function (tests/test_bench_models.py
-checks each against mindformers' LlamaForCausalLM).
+The TUNED keywords switch the CPU optimizations that won in bench/README.md; all are on by default, which
+is the benchmark's MindSpore recipe. Every setting computes the same function (tests/test_bench_models.py
+checks the recipe and PLAIN against mindformers' LlamaForCausalLM, and each switch's gradients).
 
 Example:
-    >>> from bench.lean_llama_ms import LeanLlama
+    >>> from bench.lean_llama_ms import LeanLlama, PLAIN
     >>> net = LeanLlama(vocab=1024, dim=256, layers=4, heads=4, ffn=688)
     >>> sum(p.size for p in net.trainable_params())
     3688704
@@ -18,9 +18,9 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 from mindspore.common.initializer import Normal, initializer
 
-# The optimizations, all on by default. PLAIN turns them all off: the model as first written.
-TUNED = dict(primitive_matmul=True, fused_cross_entropy=True, norm_by_matmul=True, softmax_bprop=True,
-             rope_by_matmul=True)
+# The optimizations that won (bench/README.md), all on by default; PLAIN turns them all off. Both keep the
+# activations 2-D, (batch * seq, dim), between blocks. norm_by_matmul is a tried candidate, off by default.
+TUNED = dict(primitive_matmul=True, fused_cross_entropy=True, softmax_bprop=True, rope_by_matmul=True)
 PLAIN = {k: False for k in TUNED}
 MATMULS = ("ms", "numpy", "blas")
 
@@ -71,10 +71,10 @@ def _w(shape, std=0.02):
 
 
 class RMSNorm(nn.Cell):
-    """x (N, d) -> x / rms(x) * weight. With by_matmul the row mean is a MatMul with a 1/d column:
-    MindSpore's CPU ReduceMean over the last axis is several times slower than that MatMul here."""
+    """x (N, d) -> x / rms(x) * weight. by_matmul computes the row mean as a MatMul with a 1/d column
+    (a candidate that did not win: on 2-D input MindSpore's CPU ReduceMean is already cheap)."""
 
-    def __init__(self, dim, eps=1e-5, by_matmul=True):   # mindformers rms_norm_eps
+    def __init__(self, dim, eps=1e-5, by_matmul=False):   # mindformers rms_norm_eps
         super().__init__()
         self.weight = Parameter(Tensor(np.ones(dim, np.float32)))
         self.eps, self.by_matmul = eps, by_matmul
@@ -115,7 +115,7 @@ def _rotate_half_matrix(hd: int) -> np.ndarray:
 
 
 class Block(nn.Cell):
-    def __init__(self, dim, heads, ffn, seq_len, fused=False, matmul="ms", primitive_matmul=True, norm_by_matmul=True,
+    def __init__(self, dim, heads, ffn, seq_len, fused=False, matmul="ms", primitive_matmul=True, norm_by_matmul=False,
                  softmax_bprop=True, rope_by_matmul=True):
         super().__init__()
         self.heads, self.hd, self.fused, self.seq_len = heads, dim // heads, fused, seq_len
@@ -169,16 +169,18 @@ class LeanLlama(nn.Cell):
     """input_ids (batch, T+1) int32 -> mean next-token cross-entropy (mindformers' calling convention).
 
     Keywords: fused (one q/k/v and one gate/up MatMul), matmul ("ms" MindSpore's kernel, "numpy" a pyfunc
-    Custom op, "blas" an AOT Custom op calling OpenBLAS), and the TUNED switches: primitive_matmul,
-    fused_cross_entropy, norm_by_matmul, softmax_bprop, rope_by_matmul (each explained where it is used).
+    Custom op, "blas" an AOT Custom op calling OpenBLAS), norm_by_matmul, and the TUNED switches:
+    primitive_matmul, fused_cross_entropy, softmax_bprop, rope_by_matmul (each explained where it is used).
     """
 
-    def __init__(self, vocab, dim, layers, heads, ffn, seq_len=128, fused=False, matmul="ms", **tuned):
+    def __init__(self, vocab, dim, layers, heads, ffn, seq_len=128, fused=False, matmul="ms", norm_by_matmul=False,
+                 **tuned):
         super().__init__()
         unknown = set(tuned) - set(TUNED)
         if unknown:
-            raise TypeError(f"unknown LeanLlama option(s) {sorted(unknown)}; fix: use fused, matmul or {sorted(TUNED)}")
-        opts = {**TUNED, **tuned}
+            raise TypeError(f"unknown LeanLlama option(s) {sorted(unknown)}; fix: use fused, matmul, norm_by_matmul "
+                            f"or {sorted(TUNED)}")
+        opts = {**TUNED, **tuned, "norm_by_matmul": norm_by_matmul}
         self.embed = _w((vocab, dim))
         block_opts = {k: v for k, v in opts.items() if k != "fused_cross_entropy"}
         self.blocks = nn.CellList([Block(dim, heads, ffn, seq_len, fused, matmul, **block_opts) for _ in range(layers)])
