@@ -1,7 +1,8 @@
 """float32 matmuls for MindSpore computed by NumPy's bundled OpenBLAS, as `ops.Custom` AOT ops with gradients.
 
-A benchmark candidate (see bench/README.md): on this 2-core CPU MindSpore's own CPU MatMul kernel runs the mini
-LLaMA's shapes at roughly half the GFLOP/s of OpenBLAS. `ops.Custom(func_type="aot")` is MindSpore's documented
+A benchmark candidate that lost (bench/README.md): single MatMul calls timed from Python suggested OpenBLAS was
+about twice as fast as MindSpore's CPU kernel, but inside the compiled training graph MindSpore's MatMul ran at
+125-130 GFLOP/s and this op made the step 39 % slower. `ops.Custom(func_type="aot")` is MindSpore's documented
 way to bring a compiled kernel into a graph; the kernel here is bench/blas_matmul.cc, compiled once with g++.
 
 Example:
@@ -69,15 +70,13 @@ def _ops() -> tuple:
     def custom(name, shape, bprop=None):
         return ops.Custom(f"{so}:{name}", out_shape=shape, out_dtype=_same_dtype, func_type="aot", bprop=bprop)
 
-    nt = custom("MatMulNT", lambda a, b: list(a[:-1]) + [b[-2]])
     tn = custom("MatMulTN", lambda a, b: list(a[:-2]) + [a[-1], b[-1]])
-    nn_plain = custom("MatMulNN", lambda a, b: list(a[:-1]) + [b[-1]])
 
     def nn_bprop(a, b, out, dout):   # c = a b:  da = dc b^T,  db = a^T dc
-        return nt(dout, b), tn(a, dout)
+        return nt_op(dout, b), tn(a, dout)
 
     def nt_bprop(a, b, out, dout):   # c = a b^T:  da = dc b,  db = dc^T a
-        return nn_plain(dout, b), tn(dout, a)
+        return nn_op(dout, b), tn(dout, a)
 
     nn_op = custom("MatMulNN", lambda a, b: list(a[:-1]) + [b[-1]], nn_bprop)
     nt_op = custom("MatMulNT", lambda a, b: list(a[:-1]) + [b[-2]], nt_bprop)

@@ -1,4 +1,4 @@
-"""Where a training step's time goes: MindSpore's CPU profiler on the lean LLaMA, as first written and as tuned.
+"""Where a training step's time goes: MindSpore's CPU profiler on the lean LLaMA, rewrites off (PLAIN) and on.
 
     python -m bench.profile_recipe [--active 3] [--rounds 2]
 

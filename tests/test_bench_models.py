@@ -125,10 +125,13 @@ def test_blas_matmul_matches_and_differentiates():
         np.testing.assert_allclose(blas_matmul(a, b).asnumpy(), ref, rtol=1e-5, atol=1e-5)
         bt = ms.Tensor(np.ascontiguousarray(np.swapaxes(b.asnumpy(), -1, -2)))
         np.testing.assert_allclose(blas_matmul_nt(a, bt).asnumpy(), ref, rtol=1e-5, atol=1e-5)
-        ga = ms.grad(lambda x, y: (blas_matmul(x, y) ** 2).sum(), grad_position=(0, 1))(a, b)
         gr = ms.grad(lambda x, y: (ops.matmul(x, y) ** 2).sum(), grad_position=(0, 1))(a, b)
-        for got, want in zip(ga, gr):
-            np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-4, atol=1e-4)
+        ga = ms.grad(lambda x, y: (blas_matmul(x, y) ** 2).sum(), grad_position=(0, 1))(a, b)
+        gt = ms.grad(lambda x, y: (blas_matmul_nt(x, y) ** 2).sum(), grad_position=(0, 1))(a, bt)
+        want_bt = np.ascontiguousarray(np.swapaxes(gr[1].asnumpy(), -1, -2))   # d/d(b^T) = (d/db)^T
+        for got, want in [(ga[0], gr[0].asnumpy()), (ga[1], gr[1].asnumpy()), (gt[0], gr[0].asnumpy()),
+                          (gt[1], want_bt)]:
+            np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("args, named", [(["--repeats", "0"], "--repeats 0"), (["--steps", "-1"], "--steps -1")])
