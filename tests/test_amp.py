@@ -1,11 +1,10 @@
 """mshelpers.amp: overflow location, dtype report, loss-scaled step (small nets, a few seconds)."""
+import mindspore as ms
 import numpy as np
 import pytest
+from mindspore import nn
 
-ms = pytest.importorskip("mindspore")
-from mindspore import nn  # noqa: E402
-
-from mshelpers.amp import (  # noqa: E402
+from mshelpers.amp import (
     NonfiniteReport,
     activation_stats,
     dtype_report,

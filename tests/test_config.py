@@ -22,7 +22,10 @@ def test_unknown_preset_names_the_choices():
 
 def test_replace_and_unknown_field():
     c = RunConfig.preset("mini").replace(steps=3, mode="graph")
-    assert c.steps == 3 and c.mode == "graph" and RunConfig.preset("mini").steps != 3 or True
+    assert (c.steps, c.mode) == (3, "graph")
+    fresh = RunConfig.preset("mini")
+    assert (fresh.steps, fresh.mode) != (3, "graph")      # replace() returned a copy; the preset is untouched
+    assert c.replace() == c and c.replace(steps=4) != c
     with pytest.raises(ValueError, match="unknown field 'hidden'"):
         c.replace(hidden=3)
 

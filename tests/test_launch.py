@@ -4,6 +4,7 @@ The two msrun jobs take about 30 s together on a 2-core CPU; run under `flock /t
 """
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -46,8 +47,12 @@ def test_msrun_rejects_missing_script(tmp_path):
 def test_free_port_is_bindable():
     import socket
     p = free_port()
+    assert isinstance(p, int) and 1024 <= p <= 65535
     with socket.socket() as s:
-        s.bind(("127.0.0.1", p))
+        s.bind(("127.0.0.1", p))                 # raises OSError if the port were taken
+        assert s.getsockname() == ("127.0.0.1", p)
+        s.listen()
+        assert free_port() != p                  # a port in use is never handed out
 
 
 def test_first_error_line_prefers_the_exception():
@@ -61,7 +66,9 @@ def test_rank_output_dir_outside_msrun(monkeypatch, tmp_path):
     monkeypatch.setenv("MSHELPERS_RANK_OUT_ROOT", str(tmp_path))
     monkeypatch.setenv("RANK_ID", "3")
     assert rank_output_dir() == tmp_path / "rank_3"
-    assert write_rank_result({"a": 1}).read_text().strip().startswith("{")
+    path = write_rank_result({"a": 1, "loss": [2.5, 1.25]})
+    assert path == tmp_path / "rank_3" / "result.json"
+    assert json.loads(path.read_text()) == {"a": 1, "loss": [2.5, 1.25]}
 
 
 def test_two_rank_msrun_allreduce(tmp_path):
