@@ -1,9 +1,17 @@
 """Checkpoints that survive a crash: atomic writes, CRC-checked reads, fallback to the last good one.
 
 Example:
+    >>> import tempfile
+    >>> from mindspore import nn
     >>> from mshelpers import checkpoint
-    >>> checkpoint.save("out/ckpt", net, optimizer, step=100, data_pos=100)   # out/ckpt/step_000100.ckpt
-    >>> path, meta = checkpoint.latest_good("out/ckpt")      # skips corrupt files, says which
+    >>> net = nn.Dense(4, 3)
+    >>> optimizer = nn.Adam(net.trainable_params())
+    >>> out = tempfile.mkdtemp()
+    >>> checkpoint.save(out, net, optimizer, step=100, data_pos=100).name
+    'step_000100.ckpt'
+    >>> path, meta = checkpoint.latest_good(out)      # skips corrupt files, says which
+    >>> meta
+    {'step': 100, 'data_pos': 100}
     >>> checkpoint.load(path, net, optimizer)["step"]
     100
 

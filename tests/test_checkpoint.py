@@ -64,3 +64,62 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="keep=0"):
         checkpoint.save(tmp_path, net, opt, step=1, data_pos=0, keep=0)
     assert checkpoint.latest_good(tmp_path / "none") is None
+
+
+def test_a_flipped_byte_inside_a_weight_is_detected(tmp_path):
+    """The file stays well-formed; only one float of the weight changes. The CRC must catch it."""
+    net, opt, _ = make()
+    net.weight.set_data(ms.Tensor(np.arange(12, dtype=np.float32).reshape(3, 4) + 0.5))
+    p = checkpoint.save(tmp_path, net, opt, step=1, data_pos=1)
+    b = bytearray(p.read_bytes())
+    at = b.find(net.weight.asnumpy().tobytes())
+    assert at > 0, "the weight's float32 bytes are stored verbatim"
+    b[at + 5] ^= 0x01                      # low mantissa bit of the second float: 1.5 -> 1.50003
+    p.write_bytes(bytes(b))
+    damaged = ms.load_checkpoint(str(p), crc_check=False)["weight"].asnumpy()
+    assert damaged[0, 1] != 1.5 and damaged[0, 0] == 0.5   # the flip is in the data and still parses
+    with pytest.raises(checkpoint.CorruptCheckpoint, match="step_000001.ckpt is corrupt"):
+        checkpoint.read(p)
+    with pytest.raises(checkpoint.CorruptCheckpoint):
+        checkpoint.load(p, net, opt)
+    assert checkpoint.latest_good(tmp_path) is None
+
+
+def _draw():
+    """One draw from MindSpore's default generator: the (seed, offset) pair a random op consumes.
+
+    On CPU no generator-driven random kernel is registered (mint.rand: "InplaceUniform unregistered"),
+    so the pair that such an op would be handed is the draw; on Ascend/GPU it fixes their numbers.
+    """
+    from mindspore.common.generator import default_generator
+    seed, offset = default_generator._step(ms.Tensor(4, ms.int64))   # noqa: SLF001
+    return int(seed.asnumpy()), int(offset.asnumpy())
+
+
+def test_rng_state_round_trip(tmp_path):
+    net, opt, sc = make()
+    ms.manual_seed(1234)
+    first = _draw()
+    p = checkpoint.save(tmp_path, net, opt, step=3, data_pos=3, loss_scaler=sc)
+    second = _draw()
+    assert second != first and second[0] == 1234          # the generator advances
+    ms.manual_seed(99)                                    # a later run: other seed, other position
+    _draw()
+    checkpoint.load(p, net, opt, sc)
+    third = _draw()
+    assert third == second
+
+
+def test_prune_keeps_the_newest_and_ignores_other_files(tmp_path):
+    for s in (1, 2, 3, 10, 4):
+        (tmp_path / f"step_{s:06d}.ckpt").write_bytes(b"x")
+    others = [tmp_path / ".tmp-1-step_000099.ckpt", tmp_path / "notes.txt", tmp_path / "step_7.ckpt"]
+    for o in others:
+        o.write_bytes(b"x")
+    deleted = checkpoint.prune(tmp_path, 2)
+    assert [d.name for d in deleted] == ["step_000003.ckpt", "step_000002.ckpt", "step_000001.ckpt"]
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step_000010.ckpt", "step_000004.ckpt"]
+    assert all(o.exists() for o in others)              # temp and foreign files are not pruned
+    assert checkpoint.prune(tmp_path, 2) == [] and checkpoint.prune(tmp_path, 5) == []
+    assert [d.name for d in checkpoint.prune(tmp_path, 1)] == ["step_000004.ckpt"]
+    assert checkpoint.prune(tmp_path / "missing", 1) == []
