@@ -16,8 +16,26 @@ Example:
     >>> memory.fits(RunConfig.preset("mini"), 2**30)
     True
 
+Real configs (mindformers' published Llama 2 pre-training YAMLs):
+    >>> e = memory.estimate_from_mindformers_yaml(
+    ...     "tests/data/mindformers/pretrain_llama2_7b.yaml")                # doctest: +SKIP
+    >>> e["layout"], round(e["total"] / 2**30, 1), e["budget"] // 2**30, e["fits"]  # doctest: +SKIP
+    ('dp8-mp1-pp1', 52.2, 58, True)
+
 All sizes are bytes. Pure Python: nothing here imports MindSpore except
-`measure_peak`, which runs a function in a fresh process and reads its peak.
+`measure_peak`, which runs a function in a fresh process and reads its peak, and
+the only third-party import is pyyaml, inside `estimate_from_mindformers_yaml`.
+The module imports nothing from its siblings at load time, so it can be copied alone.
+
+What the estimator covers, and where each term is defined:
+- `activation_bytes_per_layer`: Korthikanti's count, plus flash attention, grouped-query
+  attention, mindformers' LLaMA block (SwiGLU, no dropout, its select_recompute).
+- `model_state_breakdown`: ZeRO stages, MindSpore's parallel optimizer, and mindformers'
+  FP32StateAdamWeightDecay ("fp32_states": 16-bit weights and grads, fp32 Adam states).
+- `estimate_stage`: one device of one pipeline stage: per-stage full/selective recompute
+  layer counts, 1F1B in-flight micro-batches, gradient accumulation buffers.
+- `estimate` (a RunConfig) and `estimate_from_mindformers_yaml` (a mindformers YAML) both
+  price their devices with `estimate_stage`.
 
 Sources:
 - Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
@@ -27,11 +45,21 @@ Sources:
 - Megatron-LM `megatron/training/theoretical_memory_usage.py` (18 bytes per parameter
   without the distributed optimizer) and DeepSpeed's
   `estimate_zero3_model_states_mem_needs` (18 bytes per parameter, fp32 gradients).
+- Dao et al. 2022, "FlashAttention": the s² attention matrix is never materialised.
+- Ainslie et al. 2023, "GQA": num_kv_heads < num_heads shrinks K and V.
+- Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
+  Using Megatron-LM": 1F1B keeps at most p micro-batches in flight on the first stage.
+- MindSpore docs, "Optimizer Parallel" (weights and optimizer states sliced over data
+  parallel) and "Gradient Accumulation"; mindformers docs: configuration
+  (parallel_config, recompute_config, context.max_device_memory), the Llama 2
+  performance-tuning notes (select_recompute of SiLU and Mul; 13B at dp 8 needing full
+  recompute), FP32StateAdamWeightDecay, and mindformers/models/llama/llama_layer.py.
 """
 from __future__ import annotations
 
 import math
 import os
+from fractions import Fraction
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -43,7 +71,11 @@ ACCOUNTINGS: dict[str, tuple[int, int, int]] = {
     "fp32": (4, 4, 8),
     # Megatron-LM and DeepSpeed code: 16-bit params, fp32 gradient buffer, fp32 master + moments.
     "fp32_grads": (2, 4, 12),
+    # mindformers' FP32StateAdamWeightDecay: 16-bit params and grads, fp32 momentum + variance, no
+    # fp32 master copy (the 16-bit weights are updated in place).
+    "fp32_states": (2, 2, 8),
 }
+ARCHS = ("gpt", "llama")
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE_MODES = ("none", "selective", "full")
 _HALF_DTYPES = ("float16", "bfloat16")
@@ -53,8 +85,9 @@ _HALF_DTYPES = ("float16", "bfloat16")
 def llama_param_count(cfg: Any) -> int:
     """Parameters of mindformers' LlamaForCausalLM for `cfg` (no MindSpore needed).
 
-    Embedding V·h, an untied lm_head V·h, and per layer 4·h² (q, k, v, o without bias)
-    + 3·h·ffn (SwiGLU w1, w2, w3) + 2·h (two RMSNorm weights), then a final h norm.
+    Embedding V·h, an untied lm_head V·h, and per layer 2·h² (q, o) + 2·h·(kv·d) (k, v; kv =
+    cfg.num_kv_heads if the object has it, else num_heads; d = h/num_heads: grouped-query
+    attention) + 3·h·ffn (SwiGLU w1, w2, w3) + 2·h (two RMSNorm weights), then a final h norm.
 
         >>> from mshelpers.config import RunConfig
         >>> llama_param_count(RunConfig.preset("mini"))
@@ -62,13 +95,18 @@ def llama_param_count(cfg: Any) -> int:
     """
     h, L, ffn, v = _pos_int(cfg, "hidden_size"), _pos_int(cfg, "num_layers"), \
         _pos_int(cfg, "ffn_hidden_size"), _pos_int(cfg, "vocab_size")
-    per_layer = 4 * h * h + 3 * h * ffn + 2 * h
+    kv_dim = h
+    if getattr(cfg, "num_kv_heads", None) is not None:
+        a, kv = _pos_int(cfg, "num_heads"), _pos_int(cfg, "num_kv_heads")
+        kv_dim = kv * (h // a)
+    per_layer = 2 * h * h + 2 * h * kv_dim + 3 * h * ffn + 2 * h
     return 2 * v * h + L * per_layer + h
 
 
 # ---------------------------------------------------------------- model states
 def model_state_breakdown(n_params: int, *, zero_stage: int = 0, dp: int = 1,
-                          accounting: str = "mixed") -> dict[str, int]:
+                          accounting: str | tuple[int, int, int] = "mixed",
+                          parallel_optimizer: bool = False) -> dict[str, int]:
     """Bytes per device for parameters, gradients and optimizer states under Adam.
 
     `accounting` picks the bytes per parameter (params, grads, optimizer states):
@@ -77,9 +115,21 @@ def model_state_breakdown(n_params: int, *, zero_stage: int = 0, dp: int = 1,
       "fp32"       4 + 4 + 8 = 16: fp32 training, as on this CPU (no master copy needed).
       "fp32_grads" 2 + 4 + 12 = 18: what Megatron-LM's theoretical_memory_usage.py and DeepSpeed's
                    ZeRO estimators count, because both keep gradients in fp32.
+      "fp32_states" 2 + 2 + 8 = 12: mindformers' FP32StateAdamWeightDecay with 16-bit weights
+                   (param_init_type float16/bfloat16): fp32 momentum and variance, no fp32 master
+                   copy. (MindSpore's plain AdamWeightDecay clones its states from the parameters,
+                   so with 16-bit weights they are 16-bit too: pass the tuple (2, 2, 4).)
+      a tuple (p, g, o) of bytes per parameter, for anything else.
     ZeRO shards over `dp` ranks, in order: stage 1 the optimizer states, stage 2 also the
     gradients, stage 3 also the parameters (so mixed Adam gives 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N).
-    A shard is rounded up to whole bytes.
+    `parallel_optimizer=True` is MindSpore's optimizer parallel ("enable_parallel_optimizer"
+    in mindformers' `parallel` section): the weights and the optimizer states are stored as
+    1/dp slices and each rank updates its slice; gradients stay whole (they are reduce-scattered
+    only at the update). Its parallel_optimizer_threshold (small tensors stay whole) is ignored:
+    for LLaMA only the norm weights fall under it. A shard is rounded up to whole bytes.
+
+        >>> model_state_breakdown(1000, dp=4, accounting="fp32_states", parallel_optimizer=True)
+        {'params': 500, 'grads': 2000, 'optimizer_states': 2000}
 
         >>> model_state_breakdown(1000, zero_stage=2, dp=4)
         {'params': 2000, 'grads': 500, 'optimizer_states': 3000}
@@ -92,20 +142,27 @@ def model_state_breakdown(n_params: int, *, zero_stage: int = 0, dp: int = 1,
     if not isinstance(dp, int) or isinstance(dp, bool) or dp <= 0:
         raise ValueError(f"model_state_bytes: dp={dp!r} is invalid; fix: pass the data-parallel "
                          "degree as a positive integer (1 = no sharding)")
-    if accounting not in ACCOUNTINGS:
+    if isinstance(accounting, tuple) and len(accounting) == 3 and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in accounting):
+        p_b, g_b, o_b = accounting
+    elif isinstance(accounting, str) and accounting in ACCOUNTINGS:
+        p_b, g_b, o_b = ACCOUNTINGS[accounting]
+    else:
         raise ValueError(f"model_state_bytes: accounting={accounting!r} is unknown; "
-                         f"fix: use one of {sorted(ACCOUNTINGS)}")
-    p_b, g_b, o_b = ACCOUNTINGS[accounting]
+                         f"fix: use one of {sorted(ACCOUNTINGS)} or a (params, grads, states) "
+                         "tuple of bytes per parameter")
+    po = bool(parallel_optimizer)
 
     def shard(total: int, sharded: bool) -> int:
         return -(-total // dp) if sharded else total   # ceil: the biggest rank's shard
 
-    return {"params": shard(p_b * n_params, zero_stage >= 3),
+    return {"params": shard(p_b * n_params, zero_stage >= 3 or po),
             "grads": shard(g_b * n_params, zero_stage >= 2),
-            "optimizer_states": shard(o_b * n_params, zero_stage >= 1)}
+            "optimizer_states": shard(o_b * n_params, zero_stage >= 1 or po)}
 
 
-def model_state_bytes(n_params: int, *, zero_stage: int = 0, dp: int = 1, accounting: str = "mixed") -> int:
+def model_state_bytes(n_params: int, *, zero_stage: int = 0, dp: int = 1,
+                      accounting: str | tuple[int, int, int] = "mixed", parallel_optimizer: bool = False) -> int:
     """Total bytes per device for params + grads + Adam states (see `model_state_breakdown`).
 
         >>> model_state_bytes(10**9) / 1e9, model_state_bytes(10**9, zero_stage=1, dp=8) / 1e9
@@ -113,31 +170,53 @@ def model_state_bytes(n_params: int, *, zero_stage: int = 0, dp: int = 1, accoun
         >>> model_state_bytes(10**9, accounting="fp32_grads") / 1e9
         18.0
     """
-    return sum(model_state_breakdown(n_params, zero_stage=zero_stage, dp=dp, accounting=accounting).values())
+    return sum(model_state_breakdown(n_params, zero_stage=zero_stage, dp=dp, accounting=accounting,
+                                     parallel_optimizer=parallel_optimizer).values())
 
 
 # ---------------------------------------------------------------- activations
 def activation_bytes_per_layer(seq_len: int, batch: int, hidden_size: int, n_heads: int, *, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
-                               bytes_per_value: int = 2) -> int:
+                               bytes_per_value: float = 2, flash_attention: bool = False,
+                               num_kv_heads: int | None = None, ffn_hidden_size: int | None = None,
+                               arch: str = "gpt") -> int:
     """Activation bytes one transformer layer keeps for backward (Korthikanti et al. 2022).
 
     With s = seq_len, b = micro-batch per device, h = hidden, a = heads, t = tp, and
-    16-bit activations (their section 4.1, table 2):
+    16-bit activations (their section 4.1, table 2), for their GPT block (arch="gpt"):
       none, t = 1           s·b·h·(34 + 5·a·s/h)
       tensor parallel t     s·b·h·(10 + 24/t + 5·a·s/(h·t))   (norms, dropouts unsplit)
       tp + sequence par.    s·b·h·(34 + 5·a·s/h) / t
       selective recompute   drops the 5·a·s/h term (softmax, its dropout, QK^T, attention over V)
       full recompute        2·s·b·h: only the layer input is kept (/t with sequence parallel)
-    The 34 counts a GPT block (LayerNorm, GeLU MLP of 4h, dropout masks at 1 byte). LLaMA has
-    no dropout but a wider SwiGLU MLP, so treat the result as an estimate to check against a
-    measurement. `bytes_per_value` rescales the whole count from 2 bytes to another width
-    (4 for fp32 on CPU); the 1-byte masks are scaled too, which is slightly pessimistic.
+    Where the numbers come from, per s·b·h: 10 unsplit = two LayerNorm inputs 4 + QKV input 2 +
+    MLP input 2 + two 1-byte dropout masks 2; 24 split = Q 2 + K 2 + V 2 + out-projection input 2
+    + MLP 4·r (the 4h-wide fc1 output and GeLU output, r = ffn/h = 4).
+    Extensions, each a term of that count:
+      flash_attention   the s² scores are never stored (FlashAttention, Dao et al. 2022): the
+                        5·a·s/h term is 0. Its O(s) softmax statistics are ignored.
+      num_kv_heads      grouped-query attention: K and V are kv/a as wide, so 2 + 2 becomes
+                        2·g + 2·g with g = num_kv_heads/n_heads.
+      ffn_hidden_size   MLP width f (default 4h for "gpt"; required for "llama"), r = f/h.
+      arch="llama"      mindformers' LLaMA block: RMSNorm, no dropout (unsplit 8 = norm inputs 4
+                        + QKV input 2 + MLP input 2), a SwiGLU MLP that stores four f-wide tensors
+                        (w1 out, w3 out, SiLU out, product: 8·r), and "selective" recompute as
+                        mindformers' default select_recompute patterns (feed_forward.mul and
+                        feed_forward.w1.activation.silu: drops SiLU out and product, 4·r) in
+                        addition to the attention scores.
+    So per s·b·h: gpt = 10 + (4 + 4g + 4r + 5as/h)/t, llama = 8 + (4 + 4g + 8r + 5as/h)/t, and
+    with sequence parallel the unsplit part is divided by t as well (the all-gathered inputs of
+    the column-parallel linears are re-gathered in backward, not stored; in mindformers that is
+    select_comm_recompute of the norms). `bytes_per_value` rescales the whole count from 2 bytes
+    to another width (4 for fp32 on CPU); the 1-byte masks are scaled too, which is slightly
+    pessimistic. The count is exact arithmetic, rounded up once to whole bytes.
 
         >>> activation_bytes_per_layer(128, 8, 256, 4)            # 128*8*256*(34+10)
         11534336
         >>> activation_bytes_per_layer(128, 8, 256, 4, recompute="full")
         524288
+        >>> activation_bytes_per_layer(128, 8, 256, 4, flash_attention=True) == 128 * 8 * 256 * 34
+        True
     """
     s, b, h, a, t = (_pos_arg("activation_bytes_per_layer", n, v) for n, v in
                      (("seq_len", seq_len), ("batch", batch), ("hidden_size", hidden_size),
@@ -148,15 +227,31 @@ def activation_bytes_per_layer(seq_len: int, batch: int, hidden_size: int, n_hea
     if not isinstance(bytes_per_value, (int, float)) or isinstance(bytes_per_value, bool) or bytes_per_value <= 0:
         raise ValueError(f"activation_bytes_per_layer: bytes_per_value={bytes_per_value!r} is invalid; "
                          "fix: pass the activation width in bytes (2 for fp16/bf16, 4 for fp32)")
-    sbh = s * b * h
-    attn = 5 * a * s / h             # the s²-sized attention tensors, per sbh
-    if recompute == "full":
-        per_layer = 2 * sbh / (t if sequence_parallel else 1)
-    elif sequence_parallel:
-        per_layer = sbh * (34 + (0 if recompute == "selective" else attn)) / t
+    if arch not in ARCHS:
+        raise ValueError(f"activation_bytes_per_layer: arch={arch!r} is unknown; fix: use one of {ARCHS}")
+    kv = a if num_kv_heads is None else _pos_arg("activation_bytes_per_layer", "num_kv_heads", num_kv_heads)
+    if kv > a or a % kv:
+        raise ValueError(f"activation_bytes_per_layer: num_kv_heads={kv} must divide n_heads={a}; "
+                         "fix: pass a divisor of n_heads (None = multi-head attention)")
+    if ffn_hidden_size is None and arch == "llama":
+        raise ValueError("activation_bytes_per_layer: ffn_hidden_size=None with arch='llama'; "
+                         "fix: pass the SwiGLU width, e.g. 11008 for LLaMA-2 7B")
+    f = 4 * h if ffn_hidden_size is None else _pos_arg("activation_bytes_per_layer", "ffn_hidden_size",
+                                                         ffn_hidden_size)
+    F = Fraction
+    g, r = F(kv, a), F(f, h)
+    attn = 0 if flash_attention else F(5 * a * s, h)   # the s²-sized attention tensors, per sbh
+    if arch == "gpt":
+        unsplit, split, selective_drop = F(10), 4 + 4 * g + 4 * r, F(0)
     else:
-        per_layer = sbh * (10 + 24 / t + (0 if recompute == "selective" else attn / t))
-    return math.ceil(per_layer * bytes_per_value / 2)
+        unsplit, split, selective_drop = F(8), 4 + 4 * g + 8 * r, 4 * r
+    sbh = s * b * h
+    if recompute == "full":
+        per_sbh = F(2, t if sequence_parallel else 1)
+    else:
+        split_part = split + (attn if recompute == "none" else -selective_drop)
+        per_sbh = (unsplit + split_part) / t if sequence_parallel else unsplit + split_part / t
+    return math.ceil(sbh * per_sbh * F(bytes_per_value) / 2)
 
 
 def output_activation_bytes(seq_len: int, batch: int, vocab_size: int, *, tp: int = 1,
@@ -171,11 +266,130 @@ def output_activation_bytes(seq_len: int, batch: int, vocab_size: int, *, tp: in
     return math.ceil(4 * s * b * v / t * bytes_per_value / 2)
 
 
+# ---------------------------------------------------------------- one device
+def estimate_stage(*, stage_params: int, layers: int, seq_len: int, micro_batch: int, hidden_size: int,
+                   num_heads: int, vocab_size: int, num_kv_heads: int | None = None,
+                   ffn_hidden_size: int | None = None, arch: str = "gpt", dp: int = 1, tp: int = 1,
+                   sequence_parallel: bool = False, flash_attention: bool = False, recompute: str = "none",
+                   full_recompute_layers: int | None = None, select_recompute_layers: int | None = None,
+                   in_flight_micro_batches: int = 1, accounting: str | tuple[int, int, int] = "mixed",
+                   zero_stage: int = 0, parallel_optimizer: bool = False, grad_accum_buffer: bool = False,
+                   shard_grad_accum: bool = False, bytes_per_value: float = 2, output_layer: bool = True,
+                   offload_optimizer: bool = False, activation_scale: float = 1.0, overhead_bytes: float = 0,
+                   n_params: int | None = None) -> dict[str, int]:
+    """Peak training memory of one device holding one pipeline stage, as a breakdown dict (bytes).
+
+    The building block of `estimate` (RunConfig) and `estimate_from_mindformers_yaml`; call it
+    directly to price one stage of any layout, e.g. from a pipeline simulator. Fields:
+      stage_params            parameters on this device before dp sharding (its stage's layers,
+                              embedding and/or lm_head, already divided by tp)
+      layers                  transformer layers on this stage
+      seq_len, micro_batch    s and b: one micro-batch's sequences on this device
+      hidden_size, num_heads, vocab_size, num_kv_heads, ffn_hidden_size, arch, flash_attention,
+      sequence_parallel, tp   the activation count of `activation_bytes_per_layer`
+      recompute               one mode for every layer: "none" | "selective" | "full"
+      full_recompute_layers, select_recompute_layers
+                              per-stage layer counts instead of `recompute` (mindformers'
+                              recompute_config lists): that many layers fully recomputed, that
+                              many of the rest selectively, the others not at all (full wins when
+                              a layer has both, as in mindformers)
+      in_flight_micro_batches micro-batches whose activations this stage holds at its peak. 1F1B
+                              (Narayanan et al. 2021) keeps min(pp - i, m) on stage i, so pp on the
+                              first stage; GPipe keeps m; no pipeline 1. A simulator can pass its own.
+      accounting, zero_stage, parallel_optimizer, dp
+                              the model states of `model_state_breakdown`
+      grad_accum_buffer       a gradient-sized accumulation buffer (gradient accumulation, and
+                              MindSpore's pipeline, which accumulates micro-batch gradients into
+                              `accu_grads`); `shard_grad_accum` slices it over dp (mindformers'
+                              parallel_optimizer_config.gradient_accumulation_shard)
+      bytes_per_value         activation width (2 for fp16/bf16)
+      output_layer            this stage computes the logits and the loss (the last stage)
+      offload_optimizer, activation_scale, overhead_bytes, n_params  as in `estimate`
+    With recompute, backward rematerialises one layer at a time, so the peak adds one layer's
+    dropped activations ("recompute_working_set"). Not modelled: the all-gathered full weights
+    that MindSpore's parallel optimizer keeps for backward when parallel_optimizer_comm_recompute
+    is off, communication buffers, workspace and fragmentation (pass `overhead_bytes`).
+
+    Keys: those of `estimate`, plus layers, in_flight_micro_batches, full_recompute_layers,
+    select_recompute_layers.
+
+        >>> e = estimate_stage(stage_params=1000, layers=2, seq_len=8, micro_batch=1, hidden_size=16,
+        ...                    num_heads=2, vocab_size=32, flash_attention=True, output_layer=False)
+        >>> e["activations"] == 2 * 8 * 16 * 34 and e["total"] == 16_000 + e["activations"]
+        True
+    """
+    fn = "estimate_stage"
+    sp_, ly = _pos_arg(fn, "stage_params", stage_params), _pos_arg(fn, "layers", layers)
+    inflight = _pos_arg(fn, "in_flight_micro_batches", in_flight_micro_batches)
+    if not isinstance(overhead_bytes, (int, float)) or isinstance(overhead_bytes, bool) or not overhead_bytes >= 0:
+        raise ValueError(f"estimate: overhead_bytes={overhead_bytes!r} is invalid; fix: pass a number >= 0")
+    if not isinstance(activation_scale, (int, float)) or isinstance(activation_scale, bool) \
+            or not activation_scale > 0:
+        raise ValueError(f"estimate: activation_scale={activation_scale!r} is invalid; "
+                         "fix: pass a positive number (1.0 = the formulas as published)")
+    if full_recompute_layers is None and select_recompute_layers is None:
+        counts = {recompute: ly}
+        if recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"{fn}: recompute={recompute!r} is invalid; fix: use one of {RECOMPUTE_MODES}")
+    else:
+        for name, v in (("full_recompute_layers", full_recompute_layers),
+                        ("select_recompute_layers", select_recompute_layers)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise ValueError(f"{fn}: {name}={v!r} is invalid; fix: pass a layer count >= 0 (or None)")
+        full = min(full_recompute_layers or 0, ly)
+        sel = min(select_recompute_layers or 0, ly - full)
+        counts = {"full": full, "selective": sel, "none": ly - full - sel}
+    states = model_state_breakdown(sp_, zero_stage=zero_stage, dp=dp, accounting=accounting,
+                                   parallel_optimizer=parallel_optimizer)
+    common = dict(tp=tp, sequence_parallel=sequence_parallel, bytes_per_value=bytes_per_value,
+                  flash_attention=flash_attention, num_kv_heads=num_kv_heads,
+                  ffn_hidden_size=ffn_hidden_size, arch=arch)
+    per = {mode: activation_bytes_per_layer(seq_len, micro_batch, hidden_size, num_heads, recompute=mode,
+                                            **common)
+           for mode in RECOMPUTE_MODES if counts.get(mode)}
+    stored = sum(per[m] * n for m, n in counts.items() if n) * inflight
+    working = 0
+    heaviest = "full" if counts.get("full") else "selective" if counts.get("selective") else None
+    if heaviest:
+        working = activation_bytes_per_layer(seq_len, micro_batch, hidden_size, num_heads, recompute="none",
+                                             **common) - per[heaviest]
+    # the layers' own mode if uniform, else the most common one (for "activations_per_layer")
+    main_mode = max((m for m in RECOMPUTE_MODES if counts.get(m)), key=lambda m: counts[m])
+    output = output_activation_bytes(seq_len, micro_batch, vocab_size, tp=tp,
+                                     bytes_per_value=bytes_per_value) if output_layer else 0
+    if not grad_accum_buffer:
+        accum = 0
+    elif shard_grad_accum and zero_stage < 2:     # (ZeRO-2/3 have sharded the gradients already)
+        accum = -(-states["grads"] // dp)
+    else:
+        accum = states["grads"]
+    bpv = bytes_per_value
+    scores = 0 if flash_attention else math.ceil(micro_batch * (num_heads // tp) * seq_len ** 2 * bpv)
+    logits = math.ceil(seq_len * micro_batch * -(-vocab_size // tp) * bpv) if output_layer else 0
+    host = states["optimizer_states"] if offload_optimizer else 0
+    out = {"n_params": n_params if n_params is not None else sp_,
+           "params": states["params"], "grads": states["grads"],
+           "optimizer_states": states["optimizer_states"] - host,
+           "activations": math.ceil((stored + working + output) * activation_scale),
+           "activations_per_layer": per[main_mode], "recompute_working_set": working,
+           "output_activations": output, "grad_accum_buffer": accum,
+           "largest_activation": max(scores, logits), "host_optimizer_states": host,
+           "overhead": math.ceil(overhead_bytes), "layers": ly, "in_flight_micro_batches": inflight,
+           "full_recompute_layers": counts.get("full", 0), "select_recompute_layers": counts.get("selective", 0)}
+    out["total"] = (out["params"] + out["grads"] + out["optimizer_states"] + out["activations"]
+                    + accum + out["overhead"])
+    return out
+
+
 # ---------------------------------------------------------------- whole config
 def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: int = 0,
-             accounting: str | None = None, bytes_per_value: int | None = None,
+             accounting: str | tuple[int, int, int] | None = None, bytes_per_value: int | None = None,
              sequence_parallel: bool | None = None, offload_optimizer: bool = False,
-             activation_scale: float = 1.0, overhead_bytes: float = 0) -> dict[str, int]:
+             activation_scale: float = 1.0, overhead_bytes: float = 0, flash_attention: bool = False,
+             num_kv_heads: int | None = None, arch: str = "gpt", parallel_optimizer: bool = False,
+             in_flight_micro_batches: int | None = None, full_recompute_layers: int | None = None,
+             select_recompute_layers: int | None = None, grad_accum_buffer: bool | None = None,
+             shard_grad_accum: bool = False) -> dict[str, int]:
     """Peak training memory per device for a RunConfig, as a breakdown dict (bytes).
 
     Parallel degrees come from `layout` (any object with dp, mp (or tp), pp, micro_batches)
@@ -192,12 +406,25 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
     `activation_scale` and `overhead_bytes` calibrate the estimate against a measurement
     (see `calibrate`): activations are multiplied by the scale, and the constant (runtime,
     compiled graph, allocator pool) is added to the total.
+    What real configs use (see `estimate_stage` for each term):
+      flash_attention=True        no s² attention scores
+      num_kv_heads                grouped-query attention (default: getattr(cfg, "num_kv_heads"),
+                                  else multi-head); it also shrinks the k, v weights
+      arch="llama"                mindformers' LLaMA block (SwiGLU of cfg.ffn_hidden_size, no
+                                  dropout); the default "gpt" is Korthikanti's count as published
+      accounting="fp32_states"    16-bit params and grads, fp32 Adam states (FP32StateAdamWeightDecay)
+      parallel_optimizer=True     MindSpore's optimizer parallel: params and states sliced over dp
+      grad_accum_buffer           default cfg.grad_accum > 1; shard_grad_accum slices it over dp
+      sequence_parallel           (default: layout.sequence_parallel if present)
+      full_recompute_layers, select_recompute_layers
+                                  per-stage layer counts on the estimated (first) stage
+      in_flight_micro_batches     default min(pp, micro_batches): 1F1B on the first stage
 
     Keys: n_params (count, whole model), params, grads, optimizer_states, activations
     (stored layers + recompute working set + output logits, times activation_scale),
     activations_per_layer, recompute_working_set, output_activations, grad_accum_buffer,
     largest_activation (the biggest single activation tensor: logits or attention scores),
-    host_optimizer_states, overhead, total (the per-device sum).
+    host_optimizer_states, overhead, total (the per-device sum), and those `estimate_stage` adds.
 
         >>> from mshelpers.config import RunConfig
         >>> e = estimate(RunConfig.preset("mini"))
@@ -224,35 +451,249 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
     accounting = accounting or ("mixed" if half else "fp32")
     bpv = bytes_per_value or (2 if half else 4)
     sp = bool(getattr(layout, "sequence_parallel", False)) if sequence_parallel is None else sequence_parallel
-
-    n_params = llama_param_count(cfg)
+    kv = num_kv_heads if num_kv_heads is not None else getattr(cfg, "num_kv_heads", None)
+    n_params = llama_param_count(cfg if kv is None or getattr(cfg, "num_kv_heads", None) == kv
+                                 else _WithKV(cfg, kv))
     local_params = -(-n_params // (tp * pp))   # tp and pp split the weights; ZeRO then shards over dp
-    states = model_state_breakdown(local_params, zero_stage=zero_stage, dp=dp, accounting=accounting)
-    b = cfg.batch_size // (dp * micro)
-    per_layer = activation_bytes_per_layer(cfg.seq_len, b, cfg.hidden_size, cfg.num_heads, tp=tp,
-                                           sequence_parallel=sp, recompute=cfg.recompute, bytes_per_value=bpv)
-    in_flight = min(pp, micro)
-    layers = per_layer * (cfg.num_layers // pp) * in_flight
-    working = 0
-    if cfg.recompute != "none":
-        working = activation_bytes_per_layer(cfg.seq_len, b, cfg.hidden_size, cfg.num_heads, tp=tp,
-                                             sequence_parallel=sp, recompute="none",
-                                             bytes_per_value=bpv) - per_layer
-    output = output_activation_bytes(cfg.seq_len, b, cfg.vocab_size, tp=tp, bytes_per_value=bpv)
-    # Accumulated gradients live next to the per-micro-step ones; sharded like them under ZeRO-2/3.
-    accum = states["grads"] if cfg.grad_accum > 1 else 0
-    scores = b * (cfg.num_heads // tp) * cfg.seq_len ** 2 * bpv
-    logits = cfg.seq_len * b * -(-cfg.vocab_size // tp) * bpv
-    host = states["optimizer_states"] if offload_optimizer else 0
-    out = {"n_params": n_params, "params": states["params"], "grads": states["grads"],
-           "optimizer_states": states["optimizer_states"] - host,
-           "activations": math.ceil((layers + working + output) * activation_scale),
-           "activations_per_layer": per_layer, "recompute_working_set": working,
-           "output_activations": output, "grad_accum_buffer": accum,
-           "largest_activation": max(scores, logits), "host_optimizer_states": host,
-           "overhead": math.ceil(overhead_bytes)}
-    out["total"] = (out["params"] + out["grads"] + out["optimizer_states"] + out["activations"]
-                    + accum + out["overhead"])
+    return estimate_stage(
+        stage_params=local_params, layers=cfg.num_layers // pp, seq_len=cfg.seq_len,
+        micro_batch=cfg.batch_size // (dp * micro), hidden_size=cfg.hidden_size, num_heads=cfg.num_heads,
+        vocab_size=cfg.vocab_size, num_kv_heads=kv,
+        ffn_hidden_size=cfg.ffn_hidden_size if arch == "llama" else None, arch=arch, dp=dp, tp=tp,
+        sequence_parallel=sp, flash_attention=flash_attention, recompute=cfg.recompute,
+        full_recompute_layers=full_recompute_layers, select_recompute_layers=select_recompute_layers,
+        in_flight_micro_batches=min(pp, micro) if in_flight_micro_batches is None else in_flight_micro_batches,
+        accounting=accounting, zero_stage=zero_stage, parallel_optimizer=parallel_optimizer,
+        grad_accum_buffer=cfg.grad_accum > 1 if grad_accum_buffer is None else grad_accum_buffer,
+        shard_grad_accum=shard_grad_accum, bytes_per_value=bpv, output_layer=True,
+        offload_optimizer=offload_optimizer, activation_scale=activation_scale,
+        overhead_bytes=overhead_bytes, n_params=n_params)
+
+
+class _WithKV:
+    """A RunConfig view with num_kv_heads set (RunConfig has no such field)."""
+
+    def __init__(self, cfg: Any, kv: int):
+        self._cfg, self.num_kv_heads = cfg, kv
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cfg, name)
+
+
+# ---------------------------------------------------------------- mindformers configs
+_SIZE_UNITS = {"B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
+
+
+def parse_memory_size(text: Any) -> int:
+    """Bytes in a MindSpore memory size such as context.max_device_memory "58GB".
+
+    MindSpore reads "GB" as 1024³ bytes (max_device_memory's format is "xxGB"), so "58GB" is
+    58 GiB = 62,277,025,792 bytes. KB, MB, TB, the "GiB" spellings and plain numbers of bytes
+    are accepted too.
+
+        >>> parse_memory_size("58GB"), parse_memory_size("0.5 GB")
+        (62277025792, 536870912)
+    """
+    import re
+    if isinstance(text, (int, float)) and not isinstance(text, bool) and text > 0:
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B)\s*", str(text), flags=re.IGNORECASE)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"parse_memory_size: {text!r} is not a memory size; fix: write it as MindSpore "
+                         "does, e.g. \"58GB\"")
+    return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2).upper() + "B") if m.group(2) else "B"])
+
+
+def mindformers_ffn_size(hidden_size: int, multiple_of: int = 256, ffn_dim_multiplier: float | None = None,
+                         intermediate_size: int | None = None) -> int:
+    """SwiGLU width of mindformers' LlamaFeedForward (mindformers/models/llama/llama_layer.py).
+
+    intermediate_size if given; else, from f = 4h: f = int((ffn_dim_multiplier + 0.01)·f) if a
+    multiplier is given, then int(2·f/3), rounded up to a multiple of `multiple_of`. (The + 0.01
+    is mindformers' own: with multiple_of 256 it gives LLaMA-2 70B's 28672, which Meta's code
+    reaches with multiple_of 4096.)
+
+        >>> mindformers_ffn_size(4096), mindformers_ffn_size(5120), mindformers_ffn_size(8192, 256, 1.3)
+        (11008, 13824, 28672)
+    """
+    if intermediate_size:
+        return int(intermediate_size)
+    f = 4 * hidden_size
+    if ffn_dim_multiplier is not None:
+        f = int((ffn_dim_multiplier + 0.01) * f)
+    f = int(2 * f / 3)
+    return multiple_of * ((f + multiple_of - 1) // multiple_of)
+
+
+def _stage_counts(value: Any, layers: list[int], name: str) -> list[int]:
+    """Per-stage layer counts from a mindformers recompute_config entry."""
+    pp = len(layers)
+    if value is None or value is False:
+        return [0] * pp
+    if value is True:
+        return list(layers)
+    if isinstance(value, int):
+        return [min(value, n) for n in layers]
+    if isinstance(value, dict):          # {op pattern: True | per-stage list}: a layer counts if any op does
+        per = [_stage_counts(v, layers, name) for v in value.values()]
+        return [max(col) for col in zip(*per)] if per else [0] * pp
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, str) for v in value):     # op-name patterns: every layer
+            return list(layers) if value else [0] * pp
+        if len(value) == pp and all(isinstance(v, (bool, int)) for v in value):
+            return [n if v is True else 0 if v is False else min(int(v), n) for v, n in zip(value, layers)]
+    raise ValueError(f"estimate_from_mindformers_yaml: recompute_config.{name}={value!r} is not understood; "
+                     f"fix: use a bool, a list of {pp} per-stage layer counts, op patterns, or a dict of those "
+                     "(pipeline interleave lists of lists are not supported)")
+
+
+def estimate_from_mindformers_yaml(path: Any, *, overhead_bytes: float = 0,
+                                   in_flight_micro_batches: list[int] | int | None = None,
+                                   budget_bytes: float | None = None) -> dict[str, Any]:
+    """Per-device training memory of a mindformers LLaMA training YAML, against its budget.
+
+    `path` is a YAML file (read with pyyaml; MindSpore is not imported) or the parsed dict.
+    Fields read, with mindformers' names and the defaults used when a field is absent:
+      model.model_config   seq_length, hidden_size, num_layers, num_heads, n_kv_heads (GQA; also
+                           num_kv_heads), vocab_size, intermediate_size or multiple_of (256) and
+                           ffn_dim_multiplier (SwiGLU width, see `mindformers_ffn_size`),
+                           compute_dtype (activation width), param_init_type (weight and gradient
+                           width), use_flash_attention (False), offset (0 or a per-stage list)
+      parallel_config      data_parallel, model_parallel, pipeline_stage (1), use_seq_parallel
+                           (False), micro_batch_num (1), vocab_emb_dp (True: the embedding is not
+                           split over model_parallel)
+      parallel             enable_parallel_optimizer (False), parallel_optimizer_config.
+                           gradient_accumulation_shard (False)
+      recompute_config     recompute and select_recompute: a bool, per-stage layer counts, op
+                           patterns or a dict of them (full wins where both apply)
+      optimizer.type       FP32StateAdamWeightDecay and other Adam types: 8 bytes of fp32 states
+                           per parameter (plain AdamWeightDecay with 16-bit weights keeps 16-bit
+                           states, so 8 is an upper bound there); SGD/Momentum types: 4
+      runner_config        batch_size (the per-data-parallel micro-batch: mindformers' global batch
+                           is batch_size·data_parallel·micro_batch_num·gradient_accumulation_steps),
+                           gradient_accumulation_steps (1)
+      context              max_device_memory, e.g. "58GB" (see `parse_memory_size`)
+    Each pipeline stage i is priced with `estimate_stage` (arch "llama"): its layers (L/pp +
+    offset), the embedding on stage 0 and lm_head + logits on the last, min(pp - i, m)
+    micro-batches in flight under 1F1B (or `in_flight_micro_batches`: one number for every
+    stage, or a list per stage, e.g. from a pipeline simulator), and its own recompute counts.
+    Gradients are 16-bit like the weights; a gradient-sized accumulation buffer is added when
+    gradient_accumulation_steps > 1 or when the pipeline accumulates micro-batches (pp > 1).
+    Read but simplified or not modelled: micro_batch_interleave_num and fine_grain_interleave
+    (ignored), select_comm_recompute (the sequence-parallel all-gathers are assumed re-gathered),
+    layernorm_compute_type float32 (norm inputs counted at 16 bits), the full weights that the
+    parallel optimizer all-gathers and keeps for backward when parallel_optimizer_comm_recompute
+    is off, HCCL buffers, workspace and fragmentation (`overhead_bytes` adds a constant).
+    Counting both the gradients and the accumulation buffer whole is on the safe side.
+
+    Returns the breakdown of the stage with the largest total (keys of `estimate_stage`), plus:
+    stage (its index), per_stage_totals, n_params (whole model), devices (dp·mp·pp), layout
+    (e.g. "dp8-mp1-pp1"), dp, tp, pp, micro_batch_num, micro_batch, grad_accum_steps, optimizer,
+    parallel_optimizer, budget (bytes, None without max_device_memory), fits (total <= budget,
+    None without a budget), headroom (budget - total), source.
+
+    Sources: Korthikanti et al. 2022 (activations), Rajbhandari et al. 2020 (ZeRO: states
+    sliced over data parallel), Narayanan et al. 2021 (1F1B in-flight micro-batches), and the
+    mindformers documentation: configuration (parallel_config, recompute_config), the Llama 2
+    performance-tuning notes (select_recompute of SiLU and Mul) and LlamaConfig.
+
+        >>> e = estimate_from_mindformers_yaml("tests/data/mindformers/pretrain_llama2_7b.yaml")  # doctest: +SKIP
+        >>> e["layout"], e["fits"]                                                                # doctest: +SKIP
+        ('dp8-mp1-pp1', True)
+    """
+    fn = "estimate_from_mindformers_yaml"
+    if isinstance(path, dict):
+        d, source = path, "<dict>"
+    else:
+        import yaml
+        with open(path) as f:
+            d = yaml.safe_load(f)
+        source = str(path)
+    try:
+        mc = d["model"]["model_config"]
+    except (KeyError, TypeError):
+        raise ValueError(f"{fn}: {source} has no model.model_config; fix: pass a mindformers training YAML") from None
+    pc, par = d.get("parallel_config") or {}, d.get("parallel") or {}
+    rc, rn, ctx = d.get("recompute_config") or {}, d.get("runner_config") or {}, d.get("context") or {}
+
+    def need(section: dict, key: str, where: str, default: Any = None) -> Any:
+        v = section.get(key, default)
+        if v is None:
+            raise ValueError(f"{fn}: {where}.{key} is missing in {source}; fix: set it in the YAML")
+        return v
+
+    h, L = need(mc, "hidden_size", "model.model_config"), need(mc, "num_layers", "model.model_config")
+    a, V = need(mc, "num_heads", "model.model_config"), need(mc, "vocab_size", "model.model_config")
+    s = need(mc, "seq_length", "model.model_config")
+    kv = mc.get("n_kv_heads") or mc.get("num_kv_heads") or a
+    ffn = mindformers_ffn_size(h, mc.get("multiple_of") or 256, mc.get("ffn_dim_multiplier"),
+                               mc.get("intermediate_size"))
+    half = ("float16", "bfloat16", "fp16", "bf16")
+    pb = 2 if str(mc.get("param_init_type", "float32")) in half else 4
+    bpv = 2 if str(mc.get("compute_dtype", "float16")) in half else 4
+    flash = bool(mc.get("use_flash_attention", False))
+    dp, tp = int(pc.get("data_parallel", 1)), int(pc.get("model_parallel", 1))
+    pp, m = int(pc.get("pipeline_stage", 1)), int(pc.get("micro_batch_num", 1))
+    for name, v in (("data_parallel", dp), ("model_parallel", tp), ("pipeline_stage", pp), ("micro_batch_num", m)):
+        _pos_arg(fn, f"parallel_config.{name}", v)
+    sp = bool(pc.get("use_seq_parallel", False)) and tp > 1
+    vocab_emb_dp = bool(pc.get("vocab_emb_dp", True))
+    b = int(rn.get("batch_size", 1))
+    accum_steps = int(rn.get("gradient_accumulation_steps", 1) or 1)
+    po = bool(par.get("enable_parallel_optimizer", False)) and dp > 1
+    shard_accum = bool((par.get("parallel_optimizer_config") or {}).get("gradient_accumulation_shard", False)) and po
+    opt_type = str((d.get("optimizer") or {}).get("type", "AdamWeightDecay"))
+    state_bytes = 4 if any(k in opt_type.lower() for k in ("sgd", "momentum")) else 8
+
+    offset = mc.get("offset", 0) or 0
+    offs = list(offset) if isinstance(offset, (list, tuple)) else [0] * pp
+    if isinstance(offset, int) and offset:
+        raise ValueError(f"{fn}: model_config.offset={offset} (a single nonzero int) is not supported; "
+                         f"fix: give a list of {pp} per-stage offsets")
+    layers = [L // pp + o for o in offs]
+    if len(layers) != pp or sum(layers) != L or min(layers) <= 0:
+        raise ValueError(f"{fn}: num_layers={L}, pipeline_stage={pp} and offset={offset!r} do not give "
+                         f"{pp} positive stage sizes summing to {L}; fix: make L divisible by pp or set offset")
+    full = _stage_counts(rc.get("recompute", False), layers, "recompute")
+    sel = _stage_counts(rc.get("select_recompute", False), layers, "select_recompute")
+    if in_flight_micro_batches is None:
+        inflight = [min(pp - i, m) for i in range(pp)] if pp > 1 else [1]
+    elif isinstance(in_flight_micro_batches, int):
+        inflight = [in_flight_micro_batches] * pp
+    else:
+        inflight = list(in_flight_micro_batches)
+        if len(inflight) != pp:
+            raise ValueError(f"{fn}: in_flight_micro_batches has {len(inflight)} entries for {pp} stages; "
+                             f"fix: pass one number per stage")
+
+    d_head = h // a
+    per_layer_params = 2 * h * h + 2 * h * kv * d_head + 3 * h * ffn + 2 * h
+    n_params = 2 * V * h + L * per_layer_params + h
+    stages = []
+    for i in range(pp):
+        p_i = -(-layers[i] * per_layer_params // tp)
+        if i == 0:
+            p_i += V * h if vocab_emb_dp else -(-V * h // tp)
+        if i == pp - 1:
+            p_i += -(-V * h // tp) + h
+        stages.append(estimate_stage(
+            stage_params=p_i, layers=layers[i], seq_len=s, micro_batch=b, hidden_size=h, num_heads=a,
+            vocab_size=V, num_kv_heads=kv, ffn_hidden_size=ffn, arch="llama", dp=dp, tp=tp,
+            sequence_parallel=sp, flash_attention=flash, full_recompute_layers=full[i],
+            select_recompute_layers=sel[i], in_flight_micro_batches=inflight[i],
+            accounting=(pb, pb, state_bytes), parallel_optimizer=po,
+            grad_accum_buffer=accum_steps > 1 or (pp > 1 and m > 1), shard_grad_accum=shard_accum,
+            bytes_per_value=bpv, output_layer=i == pp - 1, overhead_bytes=overhead_bytes, n_params=n_params))
+    peak = max(range(pp), key=lambda i: stages[i]["total"])
+    out: dict[str, Any] = dict(stages[peak])
+    if budget_bytes is None and ctx.get("max_device_memory") is not None:
+        budget_bytes = parse_memory_size(ctx["max_device_memory"])
+    out.update(stage=peak, per_stage_totals=[e["total"] for e in stages], n_params=n_params,
+               devices=dp * tp * pp, layout=f"dp{dp}-mp{tp}-pp{pp}", dp=dp, tp=tp, pp=pp, micro_batch_num=m,
+               micro_batch=b, grad_accum_steps=accum_steps, optimizer=opt_type, parallel_optimizer=po,
+               budget=None if budget_bytes is None else int(budget_bytes),
+               fits=None if budget_bytes is None else out["total"] <= budget_bytes,
+               headroom=None if budget_bytes is None else int(budget_bytes) - out["total"], source=source)
     return out
 
 
