@@ -68,3 +68,24 @@ def test_text_file_is_byte_tokens(tmp_path):
     assert w.max() < 256
     with pytest.raises(ValueError, match="vocab_size=64 is too small"):
         windows(RunConfig.preset("tiny").replace(data=str(p), vocab_size=64))
+
+
+@pytest.mark.parametrize("num_shards", [2, 4])
+def test_numpy_batches_shards_are_disjoint_and_make_up_the_unsharded_batch(num_shards):
+    """No msrun: each rank's rows, step by step, are disjoint and together are the one-process batch."""
+    cfg = RunConfig.preset("tiny").replace(batch_size=8, vocab_size=1024)   # the committed corpus: fast
+    steps = 5
+    full = numpy_batches(cfg)
+    ranks = [numpy_batches(cfg, num_shards=num_shards, shard_id=r) for r in range(num_shards)]
+    seen = [set() for _ in range(num_shards)]
+    for _ in range(steps):
+        want = {row.tobytes() for row in next(full)}
+        parts = [next(it) for it in ranks]
+        assert all(b.shape == (8 // num_shards, cfg.seq_len + 1) for b in parts)
+        rows = [{row.tobytes() for row in b} for b in parts]
+        assert sum(len(r) for r in rows) == 8                      # no row twice, inside or across ranks
+        assert set().union(*rows) == want                          # together: the unsharded batch
+        for r in range(num_shards):
+            seen[r] |= rows[r]
+    assert all(not (seen[a] & seen[b]) for a in range(num_shards) for b in range(a + 1, num_shards))
+    assert sum(len(x) for x in seen) == 8 * steps                  # several steps, never a repeat

@@ -157,6 +157,24 @@ def test_planner_bad_input():
         plan_parallel_layout(L7, 3, global_batch=1)
 
 
+# ---------------------------------------------------------------- ZeRO-3 traffic worked by hand
+@pytest.mark.parametrize("dp, expected_dp_bytes", [
+    # mini: 3,688,704 float32 parameters, S = 14,754,816 bytes of gradients (= of parameters).
+    # ring all-reduce of the gradients 2(n-1)/n*S, plus the parameter all-gather (n-1)/n*S done twice
+    # (before the forward and again before the backward, the stage-3 shards being freed in between)
+    (2, 14_754_816 + 2 * 7_377_408),          # 29,509,632
+    (4, 22_132_224 + 2 * 11_066_112),         # 44,264,448
+])
+def test_zero3_gathers_the_parameters_twice(dp, expected_dp_bytes):
+    c3 = communication_bytes(MINI, dp, 1, 1, global_batch=8, zero_stage=3)
+    assert c3["dp"] == expected_dp_bytes and c3["total"] == expected_dp_bytes
+    assert c3["grad_buffer_bytes"] == 14_754_816
+    for stage in (0, 1, 2):       # stages 0-2 keep whole parameters: gradient traffic only
+        c = communication_bytes(MINI, dp, 1, 1, global_batch=8, zero_stage=stage)
+        assert c["dp"] == ring_allreduce_bytes(14_754_816, dp)
+    assert communication_bytes(MINI, 1, 1, 1, global_batch=8, zero_stage=3)["dp"] == 0   # nothing to gather
+
+
 # ---------------------------------------------------------------- mindformers' own checks (imports mindformers, ~8 s)
 def test_mindformers_accepts_the_planned_layout_and_rejects_a_bad_split():
     lay = find_layout(plan_parallel_layout(L7, 32, global_batch=64, seq_len=4096), 4, 8)
