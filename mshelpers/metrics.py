@@ -16,7 +16,6 @@ hardware is how MFU above 100% gets reported.
 from __future__ import annotations
 
 import csv
-import functools
 import math
 import os
 import statistics
@@ -58,7 +57,7 @@ def mfu(tokens_per_s: float, flops_per_token: float, n_devices: int, peak_flops_
             raise ValueError(f"mfu: {name}={v!r} is invalid; fix: pass a number >= 0")
     if peak_flops_per_device == 0:
         raise ValueError("mfu: peak_flops_per_device=0 is invalid; fix: measure it with "
-                         "measure_peak_flops() or use the device's datasheet figure")
+                         "peak_flops() or use the device's datasheet figure")
     if not isinstance(n_devices, int) or n_devices < 1:
         raise ValueError(f"mfu: n_devices={n_devices!r} is invalid; fix: pass a positive integer")
     value = tokens_per_s * flops_per_token / (n_devices * peak_flops_per_device)
@@ -69,28 +68,204 @@ def mfu(tokens_per_s: float, flops_per_token: float, n_devices: int, peak_flops_
     return value
 
 
-@functools.lru_cache(maxsize=None)
-def measure_peak_flops(n: int = 2048, repeats: int = 8, dtype: str = "float32") -> float:
-    """FLOP/s of a timed n x n matmul on the current MindSpore device (best of `repeats`).
+# ------------------------------------------------------------------ the MFU denominator
+# Datasheet peaks for dense matrix math (no sparsity), FLOP/s per device. Each entry cites its source.
+DATASHEET_PEAK_FLOPS: dict[str, dict[str, Any]] = {
+    "Ascend 910A": {"float16": 256e12, "bfloat16": None,
+                    "source": "Huawei, 'DaVinci: A Scalable Architecture for Neural Network Computing', "
+                              "Hot Chips 31 (2019): Ascend 910, 32 DaVinci cores, 256 TFLOPS FP16 (no bf16 in "
+                              "the 910A's cube unit)"},
+    "Ascend 910B": {"float16": 320e12, "bfloat16": 320e12,
+                    "source": "no public Huawei per-chip datasheet; ~320 TFLOPS FP16 is the figure reported "
+                              "by third parties (e.g. boardor.com, 'Huawei Ascend 910B outperforms H20'). "
+                              "Variants 910B1-B4 differ: measure with peak_flops() on the NPU"},
+    "NVIDIA A100 SXM": {"float16": 312e12, "bfloat16": 312e12, "float32": 19.5e12, "tf32": 156e12,
+                        "source": "NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-"
+                                  "1758950-r4-web.pdf), dense figures"},
+    "NVIDIA H100 SXM": {"float16": 989.4e12, "bfloat16": 989.4e12, "float32": 67e12, "tf32": 494.7e12,
+                        "source": "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM5; the datasheet's "
+                                  "1,979 TFLOPS bf16 is with 2:4 sparsity, half of it is dense"},
+}
 
-    This is the practical peak a dense kernel reaches here (float32 on CPU), which is
-    the fair denominator for MFU on hardware with no datasheet figure. Cached per process.
+PEAK_METHOD = ("graph-mode (ms.jit) float32 MatMul chains, best of repeats per shape, max over shapes; "
+               "shapes = the mini LLaMA's projections at 1024 tokens plus a 2048 square")
+# (m, k, n): rows x inner x cols. The first four are the mini model's projections at batch 8 x seq 128.
+PEAK_SHAPES: tuple[tuple[int, int, int], ...] = ((1024, 256, 256), (1024, 256, 688), (1024, 688, 256),
+                                                 (1024, 256, 1024), (2048, 2048, 2048))
+
+
+def cpu_info() -> dict[str, Any]:
+    """What this machine says about itself: CPU model, family, usable threads, vector flags."""
+    info: dict[str, Any] = {"cpu_model": platform_processor(), "cpu_family": None, "threads": _threads(),
+                            "flags": set(), "mhz": None}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                key, val = key.strip(), val.strip()
+                if key == "model name" and "cpu_model_seen" not in info:
+                    info["cpu_model"], info["cpu_model_seen"] = val, True
+                elif key == "cpu family" and info["cpu_family"] is None:
+                    info["cpu_family"] = val
+                elif key == "cpu MHz" and info["mhz"] is None:
+                    info["mhz"] = float(val)
+                elif key == "flags" and not info["flags"]:
+                    info["flags"] = set(val.split())
+    except OSError:
+        pass
+    info.pop("cpu_model_seen", None)
+    return info
+
+
+def platform_processor() -> str:
+    import platform
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def theoretical_peak_flops(verbose: bool = True, fma_units: int = 2) -> float:
+    """cores x clock x FLOP/cycle for float32, from what the CPU reports; prints its assumptions.
+
+    FLOP/cycle = vector lanes (16 with AVX-512, 8 with AVX2, 4 with SSE) x 2 (an FMA is a multiply and
+    an add) x `fma_units` (2 on server Xeons and on Zen 4/5; some client parts have 1). The clock is the
+    nominal one /proc/cpuinfo shows: turbo can beat it, thermal limits and AVX-512 down-clocking fall short.
     """
+    info = cpu_info()
+    flags, mhz = info["flags"], info["mhz"]
+    lanes, isa = (16, "AVX-512") if "avx512f" in flags else (8, "AVX2+FMA") if "fma" in flags else (4, "SSE")
+    if not mhz:
+        raise ValueError("theoretical_peak_flops: no clock in /proc/cpuinfo; fix: use peak_flops() (measured) "
+                         "or a DATASHEET_PEAK_FLOPS entry")
+    per_cycle = lanes * 2 * fma_units
+    value = info["threads"] * mhz * 1e6 * per_cycle
+    if verbose:
+        print(f"theoretical fp32 peak = {info['threads']} cores x {mhz / 1e3:.2f} GHz x {per_cycle} FLOP/cycle "
+              f"({isa}: {lanes} lanes x 2 for FMA x {fma_units} FMA units) = {value / 1e9:.0f} GFLOP/s\n"
+              f"  assumes: each logical CPU is a full core (no SMT sharing), the nominal clock holds under "
+              f"{isa}, {fma_units} FMA units per core")
+    return value
+
+
+def _peak_cache_path() -> Path:
+    """MSHELPERS_PEAK_CACHE, else <MSHELPERS_BUILD>/peak_flops.json, else <repo>/build/, else ./build/."""
+    if os.environ.get("MSHELPERS_PEAK_CACHE"):
+        return Path(os.environ["MSHELPERS_PEAK_CACHE"])
+    if os.environ.get("MSHELPERS_BUILD"):
+        return Path(os.environ["MSHELPERS_BUILD"]) / "peak_flops.json"
+    here = Path(__file__).resolve().parent
+    for root in (here.parent, here):       # inside the cookbook: <repo>/build; copied alone: next to it
+        if (root / "pyproject.toml").exists():
+            return root / "build" / "peak_flops.json"
+    return Path.cwd() / "build" / "peak_flops.json"
+
+
+def _peak_key(dtype: str) -> tuple[dict, str, str]:
+    """(cpu info, device, cache key): one record per CPU model, family, thread count, device and dtype."""
+    try:
+        import mindspore as ms
+        device = ms.get_context("device_target") or "CPU"
+    except Exception:  # noqa: BLE001 - the cache can still answer without MindSpore
+        device = "CPU"
+    info = cpu_info()
+    return info, device, f"{info['cpu_model']}|family {info['cpu_family']}|{info['threads']} threads|{device}|{dtype}"
+
+
+def _measure_matmul_chain(m: int, k: int, n: int, repeats: int, dtype: str) -> float:
+    """FLOP/s of a compiled chain of (m,k)@(k,n) and (m,n)@(n,k) MatMuls (best of repeats)."""
     import mindspore as ms
     import numpy as np
     from mindspore import ops
-    if n < 64 or repeats < 1:
-        raise ValueError(f"measure_peak_flops: n={n}, repeats={repeats}; fix: n >= 64 and repeats >= 1")
+    flops_pair = 2 * 2 * m * k * n
+    pairs = max(1, min(8, int(2e10 // flops_pair)))   # ~20 GFLOP per call: long enough to time, short enough
+    matmul = ops.MatMul()                             # the primitive the compiled model's projections use
+
+    @ms.jit
+    def chain(x, b, c):
+        for _ in range(pairs):                        # unrolled at compile time
+            x = matmul(matmul(x, b), c)
+        return x
+
     rng = np.random.default_rng(0)
-    a = ms.Tensor(rng.standard_normal((n, n)), getattr(ms, dtype))
-    b = ms.Tensor(rng.standard_normal((n, n)), getattr(ms, dtype))
-    ops.matmul(a, b).asnumpy()  # warm-up: kernel selection and allocation
+    dt = getattr(ms, dtype)
+    # scaled so the chain neither overflows nor decays into denormals (which are slow on x86)
+    x = ms.Tensor(rng.standard_normal((m, k)), dt)
+    b = ms.Tensor(rng.standard_normal((k, n)) / np.sqrt(k), dt)
+    c = ms.Tensor(rng.standard_normal((n, k)) / np.sqrt(n), dt)
+    chain(x, b, c).asnumpy()                          # compile and warm up
     best = math.inf
     for _ in range(repeats):
         t0 = time.perf_counter()
-        ops.matmul(a, b).asnumpy()
+        chain(x, b, c).asnumpy()
         best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
+    return pairs * flops_pair / best
+
+
+def peak_flops(refresh: bool = False, *, dtype: str = "float32", repeats: int = 5,
+               shapes: tuple[tuple[int, int, int], ...] = PEAK_SHAPES, verbose: bool = False) -> float:
+    """This machine's achievable dense peak FLOP/s: THE denominator of every MFU in the cookbook.
+
+    Measured once per machine the way the model's kernels run (compiled float32 MatMuls over the mini
+    model's projection shapes and a large square, best of `repeats`, all threads), then cached in
+    build/peak_flops.json with the CPU model, thread count, date, method and each shape's figure. Every
+    later call, in any process, reads the cache; `refresh=True` measures again. The cache is keyed by
+    CPU model, family, thread count and device, so a different machine measures its own.
+    On Ascend, pass dtype="float16" (or "bfloat16") to measure the cube unit's peak.
+    """
+    import json
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise ValueError(f"peak_flops: dtype={dtype!r} is invalid; fix: float32, float16 or bfloat16")
+    info, device, key = _peak_key(dtype)
+    path = _peak_cache_path()
+    cache: dict = {}
+    if path.exists():
+        try:
+            cache = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cache = {}            # a corrupt cache is re-measured and rewritten, never trusted
+    rec = cache.get(key)
+    if rec and not refresh and isinstance(rec.get("flops"), (int, float)) and rec["flops"] > 0:
+        return float(rec["flops"])
+    per_shape = []
+    for (m, k, n) in shapes:
+        f = _measure_matmul_chain(m, k, n, repeats, dtype)
+        per_shape.append({"m": m, "k": k, "n": n, "gflops": round(f / 1e9, 2)})
+        if verbose:
+            print(f"  MatMul ({m}x{k})@({k}x{n}) compiled: {f / 1e9:.1f} GFLOP/s")
+    best = max(p["gflops"] for p in per_shape) * 1e9
+    import datetime
+    rec = {"flops": best, "dtype": dtype, "device": device, "cpu_model": info["cpu_model"],
+           "cpu_family": info["cpu_family"], "threads": info["threads"],
+           "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "method": PEAK_METHOD, "repeats": repeats, "shapes": per_shape}
+    cache[key] = rec
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")   # atomic: two processes never tear the file
+    try:
+        tmp.write_text(json.dumps(cache, indent=1))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return best
+
+
+def peak_flops_record(dtype: str = "float32") -> dict | None:
+    """The cached record behind peak_flops() on this machine (None before the first measurement)."""
+    import json
+    path = _peak_cache_path()
+    if not path.exists():
+        return None
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return cache.get(_peak_key(dtype)[2])
 
 
 def peak_memory_mb() -> float:
@@ -106,8 +281,17 @@ def peak_memory_mb() -> float:
             return dev / 2**20
     except Exception:  # noqa: BLE001
         pass
-    from .timing import peak_rss_mb   # VmHWM: this process's own peak, not a forking parent's
-    return peak_rss_mb()
+    try:   # VmHWM: this process's own peak (ru_maxrss survives fork+exec and would show a parent's)
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return ru / 2**20 if sys.platform == "darwin" else ru / 1024
 
 
 COLUMNS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "mfu",

@@ -107,10 +107,14 @@ def _md_table_to_html(md: str) -> str:
             + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in body) + "</tbody></table>")
 
 
-def write_report(out_dir: str | os.PathLike, title: str, sections: Sequence[tuple[str, str, Any]]) -> dict[str, Path]:
+def write_report(out_dir: str | os.PathLike, title: str, sections: Sequence[tuple],
+                 *, verdict_lines: Sequence[str] = (), machine: str | None = None) -> dict[str, Path]:
     """Write report.md and a standalone report.html (plots embedded) under out_dir.
 
-    sections: (heading, markdown text or markdown table, matplotlib figure or None).
+    verdict_lines: the plain-words verdict, one line per change with its measured effect and noise;
+        the report opens with them, before any detail table.
+    machine: one line naming the machine and the MFU peak used (shown under the title).
+    sections: (heading, markdown text or markdown table, matplotlib figure or None[, caption]).
     Figures are also saved as PNG next to the Markdown, which links them.
     """
     if not sections:
@@ -118,7 +122,16 @@ def write_report(out_dir: str | os.PathLike, title: str, sections: Sequence[tupl
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md, body = [f"# {title}", ""], []
-    for i, (heading, text, fig) in enumerate(sections):
+    if machine:
+        md += [f"*{machine}*", ""]
+        body.append(f'<p class="machine">{html.escape(machine)}</p>')
+    if verdict_lines:
+        md += ["## Verdict", ""] + [f"- {l}" for l in verdict_lines] + [""]
+        body.append('<div class="verdict"><h2>Verdict</h2><ul>'
+                    + "".join(f"<li>{html.escape(l)}</li>" for l in verdict_lines) + "</ul></div>")
+    for i, section in enumerate(sections):
+        heading, text, fig = section[:3]
+        caption = section[3] if len(section) > 3 else heading
         md += [f"## {heading}", "", text.strip(), ""]
         block = _md_table_to_html(text) if text.lstrip().startswith("|") else \
             "".join(f"<p>{html.escape(p)}</p>" for p in text.strip().split("\n\n"))
@@ -127,11 +140,17 @@ def write_report(out_dir: str | os.PathLike, title: str, sections: Sequence[tupl
             png = figure_png(fig)
             name = f"figure_{i}.png"
             (out / name).write_bytes(base64.b64decode(png))
-            md += [f"![{heading}]({name})", ""]
-            body.append(f'<img alt="{html.escape(heading)}" src="data:image/png;base64,{png}">')
+            md += [f"![{caption}]({name})", "", f"*{caption}*", ""]
+            body.append(f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{png}">'
+                        f"<figcaption>{html.escape(caption)}</figcaption></figure>")
     (out / "report.md").write_text("\n".join(md))
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f4f4f4}img{max-width:100%}")
+    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222;line-height:1.45}"
+             "h1{border-bottom:2px solid #444}h2{margin-top:1.6em}.machine{color:#555;font-style:italic}"
+             ".verdict{background:#f3f7ff;border-left:4px solid #3367d6;padding:.4em 1em}"
+             "table{border-collapse:collapse;margin:.6em 0;font-size:.92em}"
+             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#eef1f5}"
+             "tbody tr:nth-child(even){background:#fafafa}td:first-child,th:first-child{text-align:left}"
+             "figure{margin:1em 0}img{max-width:100%}figcaption{color:#555;font-size:.9em}")
     (out / "report.html").write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
                                      f"</title><style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
                                      + "".join(body) + "</body></html>")
@@ -151,3 +170,91 @@ def run_summaries(cfg_yaml: str, seeds: Sequence[int], steps: int, csv_dir: str,
     cfg = RunConfig.from_yaml(cfg_yaml)
     return [train(cfg.replace(seed=s), steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{s}.csv",
                   progress=False, peak_flops=peak_flops).summary() for s in seeds]
+
+
+def resume_check(cfg: Any, n: int, where: str | os.PathLike) -> dict[str, Any]:
+    """Exact-resume check: 2n steps straight against n steps, a checkpoint, a rebuilt model, n more.
+
+    Returns per-step losses, learning rates and loss scales of both, the data positions
+    stored in the step-2n checkpoints, and `bitwise`: every one of them identical.
+    Give `cfg` a warm-up shorter than n and a dynamic loss scale that overflows at first
+    (e.g. loss_scale=2**127 in float32), so the check crosses both a warm-up boundary and
+    scale changes before the checkpoint.
+    """
+    import shutil
+    from . import checkpoint
+    from .train import train
+    where = Path(where)
+    shutil.rmtree(where, ignore_errors=True)
+    cfg = cfg.replace(steps=2 * n)
+    kw = dict(progress=False, ckpt_every=n)
+    straight = train(cfg, steps=2 * n, csv_path=where / "straight.csv", ckpt_dir=where / "ckpt_straight", **kw)
+    train(cfg, steps=n, csv_path=where / "resumed.csv", ckpt_dir=where / "ckpt_resumed", **kw)
+    resumed = train(cfg, steps=2 * n, csv_path=where / "resumed.csv", ckpt_dir=where / "ckpt_resumed",
+                    resume=True, **kw)
+    out: dict[str, Any] = {"n": n}
+    for key in ("loss", "lr", "loss_scale", "overflow"):
+        out[f"straight_{key}"], out[f"resumed_{key}"] = straight.column(key), resumed.column(key)
+        a, b = out[f"straight_{key}"], out[f"resumed_{key}"]
+        # identical floats; an overflowed step's NaN loss counts as equal to a NaN in the same place
+        out[f"{key}_equal"] = len(a) == len(b) and all(x == y or (x != x and y != y) for x, y in zip(a, b))
+    import numpy as np
+    pos, state = {}, {}
+    for name in ("straight", "resumed"):
+        found = checkpoint.latest_good(where / f"ckpt_{name}")
+        pos[name] = found[1]["data_pos"] if found and found[1]["step"] == 2 * n else None
+        state[name] = {k: v.asnumpy() for k, v in checkpoint.read(found[0]).items()} if found else {}
+    out["data_pos_straight"], out["data_pos_resumed"] = pos["straight"], pos["resumed"]
+    out["data_pos_equal"] = pos["straight"] is not None and pos["straight"] == pos["resumed"]
+    a, b = state["straight"], state["resumed"]
+    # the optimizer's own step counter is the learning-rate position; every weight and moment must match too
+    steps_key = next((k for k in a if k.endswith("global_step")), None)
+    out["lr_position"] = (int(a[steps_key].reshape(-1)[0]) if steps_key else None,
+                          int(b[steps_key].reshape(-1)[0]) if steps_key and steps_key in b else None)
+    out["lr_position_equal"] = steps_key is not None and out["lr_position"][0] == out["lr_position"][1]
+    out["state_equal"] = bool(a) and a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    out["scale_changed_before_ckpt"] = len(set(out["straight_loss_scale"][:n])) > 1
+    out["crossed_warmup"] = cfg.warmup_steps < n
+    out["bitwise"] = all(out[f"{k}_equal"] for k in ("loss", "lr", "loss_scale", "overflow", "data_pos",
+                                                     "lr_position", "state"))
+    return out
+
+
+def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_flops: float | None = None,
+                 resume_seed: int | None = None, resume_n: int = 6) -> dict[str, Any]:
+    """One run of one config and seed, meant for a fresh process (`timing.compare_interleaved`).
+
+    Returns the run's summary (health, efficiency, stability) with `peak_mem_mb` taken at the
+    run's last step, before anything else runs in the process. When seed == resume_seed it also
+    runs `resume_check` on the same config (warm-up 2 steps, a dynamic loss scale starting at
+    2**127, which overflows in float32 and float16 alike, so the scale changes before the checkpoint).
+    """
+    from .config import RunConfig
+    from .train import train
+    cfg = RunConfig.from_yaml(cfg_yaml).replace(seed=seed)
+    h = train(cfg, steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{seed}.csv", progress=False,
+              peak_flops=peak_flops)
+    s = h.summary()
+    s["csv"] = str(h.csv_path)
+    if resume_seed is not None and seed == resume_seed:
+        rc = cfg.replace(warmup_steps=2, dynamic_loss_scale=True, loss_scale=2.0 ** 127)
+        s["resume"] = resume_check(rc, resume_n, Path(csv_dir) / "resume" / cfg.name)
+    return s
+
+
+def choose_stack(table: Sequence[dict], layers: dict[str, Sequence[str]], baseline: str) -> tuple[list, dict]:
+    """The optimized stack from measured verdicts: a change joins when it wins on some metric
+    and regresses on none. Returns (kept names, {dropped name: reason})."""
+    kept, dropped = [], {}
+    for row in table:
+        if row["name"] == baseline:
+            continue
+        verdicts = {m: row.get(f"{m} verdict") for ms_ in layers.values() for m in ms_ if f"{m} verdict" in row}
+        reg = [m for m, v in verdicts.items() if v == "regression"]
+        win = [m for m, v in verdicts.items() if v == "win"]
+        if win and not reg:
+            kept.append(row["name"])
+        else:
+            dropped[row["name"]] = (f"regression on {', '.join(reg)}" if reg else
+                                    "no metric clears the noise")
+    return kept, dropped

@@ -112,3 +112,98 @@ def run_isolated(fn: Callable, *args: Any, timeout: float = 900, env: dict | Non
     if msg[0] == "err":
         raise RuntimeError(f"run_isolated: {fn.__name__} failed in the child: {msg[1]}\n{msg[2]}")
     return IsolatedResult(value=msg[1], wall_s=msg[2], peak_rss_mb=msg[3])
+
+
+# ------------------------------------------------------------------ interleaved comparisons
+def _median_spread(vals: list[float]) -> tuple[float, float, float]:
+    import statistics
+    return statistics.median(vals), min(vals), max(vals)
+
+
+def verdict(base: list[float], cand: list[float], higher_is_better: bool = True) -> str:
+    """'win', 'within noise' or 'regression' for one change against its baseline.
+
+    A change counts only when it clears the noise: the difference of the medians must exceed
+    the larger of the two round-to-round ranges (max - min), in the good or the bad direction.
+    """
+    if not base or not cand:
+        raise ValueError("verdict: base and cand need at least one value each; fix: run more rounds")
+    bm, blo, bhi = _median_spread(base)
+    cm, clo, chi = _median_spread(cand)
+    noise = max(bhi - blo, chi - clo)
+    delta = (cm - bm) if higher_is_better else (bm - cm)
+    return "win" if delta > noise else "regression" if -delta > noise else "within noise"
+
+
+def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline: str | None = None,
+                        seeds: Any = None, isolate: bool = True, metrics: dict[str, bool] | None = None,
+                        timeout: float = 900, progress: bool = True) -> dict[str, Any]:
+    """Run N candidates alternately over R rounds, rotating their order; medians, spreads and verdicts.
+
+    candidates: {name: fn | (fn, args) | (fn, args, kwargs)}. Each call returns a float (seconds per
+        step) or a dict of metrics (e.g. a train summary with `median_step_s` and `tokens_per_s`).
+    rounds: R. Round r runs every candidate once, in the order rotated by r, so no candidate always
+        runs first (cold caches) or last (a machine that heats up or gets busy).
+    seeds: optional list, one per round; round r passes `seed=seeds[r]` (then R = len(seeds)).
+    isolate: each call in a fresh process (`run_isolated`): memory is each run's own and
+        `peak_rss_mb` is recorded. False runs the callables here, alternated all the same.
+    metrics: {metric: higher_is_better} to summarise (default step time, tokens/s, peak memory).
+    Returns {"runs": [per-call dicts with name, round, seed], "table": [one row per candidate:
+        median, min, max of each metric, ratio to the baseline and a verdict per metric]}.
+    Verdicts (`verdict()`): 'win', 'within noise' or 'regression' against `baseline` (default: the first).
+    """
+    if not candidates:
+        raise ValueError("compare_interleaved: candidates is empty; fix: pass {name: fn or (fn, args, kwargs)}")
+    if seeds is not None:
+        seeds = list(seeds)
+        rounds = len(seeds)
+    if not isinstance(rounds, int) or rounds < 2:
+        raise ValueError(f"compare_interleaved: rounds={rounds!r} is invalid; fix: at least 2 rounds give a spread")
+    names = list(candidates)
+    baseline = names[0] if baseline is None else baseline
+    if baseline not in candidates:
+        raise ValueError(f"compare_interleaved: baseline={baseline!r} is not a candidate; fix: one of {names}")
+    specs = {}
+    for n, spec in candidates.items():
+        fn, args, kwargs = (spec, (), {}) if callable(spec) else (tuple(spec) + ((), {}))[:3]
+        if not callable(fn):
+            raise ValueError(f"compare_interleaved: candidate {n!r} is not callable; fix: pass fn or (fn, args, kwargs)")
+        specs[n] = (fn, tuple(args), dict(kwargs))
+    metrics = metrics or {"median_step_s": False, "tokens_per_s": True, "peak_rss_mb": False}
+    order_all = [(r, names[(i + r) % len(names)]) for r in range(rounds) for i in range(len(names))]
+    try:
+        from tqdm.auto import tqdm
+        it = tqdm(order_all, desc="interleaved runs", disable=not progress, leave=False)
+    except ImportError:
+        it = order_all
+    runs = []
+    for r, name in it:
+        fn, args, kwargs = specs[name]
+        kw = dict(kwargs, seed=seeds[r]) if seeds is not None else kwargs
+        if isolate:
+            res = run_isolated(fn, *args, timeout=timeout, **kw)
+            value, extra = res.value, {"peak_rss_mb": res.peak_rss_mb, "wall_s": res.wall_s}
+        else:
+            t0 = time.perf_counter()
+            value = fn(*args, **kw)
+            extra = {"wall_s": time.perf_counter() - t0}
+        row = dict(value) if isinstance(value, dict) else {"median_step_s": float(value)}
+        row.update({k: v for k, v in extra.items() if k not in row})
+        row.update(name=name, round=r, seed=None if seeds is None else seeds[r])
+        runs.append(row)
+    table = []
+    for name in names:
+        row: dict[str, Any] = {"name": name, "rounds": rounds}
+        for m, hib in metrics.items():
+            vals = [float(x[m]) for x in runs if x["name"] == name and x.get(m) is not None]
+            bvals = [float(x[m]) for x in runs if x["name"] == baseline and x.get(m) is not None]
+            if not vals:
+                continue
+            med, lo, hi = _median_spread(vals)
+            row[m], row[f"{m} min"], row[f"{m} max"] = med, lo, hi
+            if name != baseline and bvals:
+                bmed = _median_spread(bvals)[0]
+                row[f"{m} vs base"] = med / bmed if bmed else float("nan")
+                row[f"{m} verdict"] = verdict(bvals, vals, hib)
+        table.append(row)
+    return {"runs": runs, "table": table, "baseline": baseline, "rounds": rounds}

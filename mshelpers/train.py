@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .config import RunConfig, build_dir
-from .metrics import StepLogger, flops_per_token, measure_peak_flops, mfu, summarize
+from .metrics import StepLogger, flops_per_token, mfu, summarize
+from .metrics import peak_flops as _peak_flops   # `peak_flops` is also train()'s keyword
 
 
 def lr_at(cfg: RunConfig, step: int) -> float:
@@ -167,7 +168,8 @@ def train(cfg: RunConfig, steps: int | None = None, callbacks: Iterable[Callable
 
     callbacks: callables receiving each step's row (dict) after it is logged.
     csv_path: where the per-step CSV goes (default build/runs/<name>-<mode>-s<seed>.csv).
-    peak_flops: the device's peak FLOP/s for MFU (default: measure_peak_flops()).
+    peak_flops: the device's peak FLOP/s for MFU (default: metrics.peak_flops(), measured once per machine
+        and cached, so every run and notebook shares one denominator).
     net: an already built model (default: build_model(cfg)).
     ckpt_dir, ckpt_every, keep: write a checkpoint every `ckpt_every` steps, keep the newest `keep`.
     resume: continue from the newest intact checkpoint in ckpt_dir (corrupt ones are skipped with a
@@ -203,7 +205,7 @@ def train(cfg: RunConfig, steps: int | None = None, callbacks: Iterable[Callable
     net = net if net is not None else build_model(cfg, device)
     n_params = count_params(net)
     fpt = flops_per_token(n_params, cfg.num_layers, cfg.hidden_size, cfg.seq_len)
-    peak = peak_flops or measure_peak_flops()
+    peak = peak_flops or _peak_flops()
     optimizer = make_optimizer(net, cfg)
     step_fn = make_train_step(net, optimizer, cfg)
     floor = entropy_floor(cfg.vocab_size) if cfg.data == "markov" else None

@@ -1,9 +1,11 @@
 import math
+import os
 import warnings
 
 import pytest
 
-from mshelpers.metrics import StepLogger, flops_per_token, measure_peak_flops, mfu, summarize
+from mshelpers.metrics import (DATASHEET_PEAK_FLOPS, StepLogger, flops_per_token, mfu, peak_flops,
+                               peak_flops_record, summarize, theoretical_peak_flops)
 from mshelpers.table import append_csv, markdown_table, read_csv
 
 
@@ -31,15 +33,45 @@ def test_mfu_value_and_impossible_claim_warns():
 
 
 def test_mfu_bad_peak_names_the_fix():
-    with pytest.raises(ValueError, match="peak_flops_per_device=0.*measure_peak_flops"):
+    with pytest.raises(ValueError, match="peak_flops_per_device=0.*peak_flops"):
         mfu(1, 1, 1, 0)
     with pytest.raises(ValueError, match="n_devices=0"):
         mfu(1, 1, 0, 1e9)
 
 
-def test_measure_peak_flops_is_plausible_for_a_cpu():
-    peak = measure_peak_flops(n=512, repeats=3)
-    assert 1e8 < peak < 1e14
+def test_peak_flops_is_cached_per_machine_and_shared_by_fresh_processes(tmp_path, monkeypatch):
+    import json
+    import subprocess
+    import sys
+    cache = tmp_path / "peak.json"
+    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(cache))
+    small = ((256, 256, 256), (512, 512, 512))
+    first = peak_flops(refresh=True, repeats=2, shapes=small)
+    rec = peak_flops_record()
+    # provenance: the figure is the best shape's, and the record says where it came from
+    assert first == max(s["gflops"] for s in rec["shapes"]) * 1e9 and first == rec["flops"]
+    assert rec["threads"] >= 1 and rec["cpu_model"] and rec["date"] and "MatMul" in rec["method"]
+    assert len(rec["shapes"]) == 2
+    # two fresh processes read the same value, without measuring again
+    code = "from mshelpers.metrics import peak_flops; print(repr(peak_flops()))"
+    env = {**os.environ, "MSHELPERS_PEAK_CACHE": str(cache)}
+    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                           timeout=120).stdout.strip().splitlines()[-1] for _ in range(2)]
+    assert [float(o) for o in outs] == [first, first]
+    # a corrupt cache is measured again and rewritten, never trusted
+    cache.write_text("{not json")
+    again = peak_flops(repeats=1, shapes=((256, 256, 256),))
+    assert again > 0 and json.loads(cache.read_text())
+
+
+def test_theoretical_peak_and_datasheet_table(capsys):
+    t = theoretical_peak_flops()
+    out = capsys.readouterr().out
+    assert "FLOP/cycle" in out and "assumes" in out and t > 1e9
+    for dev in ("Ascend 910A", "Ascend 910B", "NVIDIA A100 SXM", "NVIDIA H100 SXM"):
+        assert DATASHEET_PEAK_FLOPS[dev]["source"]
+    assert DATASHEET_PEAK_FLOPS["NVIDIA A100 SXM"]["bfloat16"] == 312e12
+    assert DATASHEET_PEAK_FLOPS["NVIDIA H100 SXM"]["bfloat16"] == 989.4e12
 
 
 def test_step_logger_csv_and_summary(tmp_path):
