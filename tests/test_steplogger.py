@@ -1,0 +1,66 @@
+"""metrics.StepLogger and metrics.peak_memory_mb against hand-computed values (no training)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mshelpers import metrics
+from mshelpers.metrics import COLUMNS, StepLogger
+from mshelpers.table import read_csv
+
+
+def test_mfu_with_two_devices_matches_the_hand_value(tmp_path):
+    # 4096 tokens (global) in 0.5 s = 8192 tokens/s; x 2e6 FLOPs/token = 1.6384e10 FLOP/s
+    # over 2 devices of 1e10 FLOP/s each: MFU = 1.6384e10 / 2e10 = 0.8192
+    log = StepLogger(tmp_path / "s.csv", tokens_per_step=4096, flops_per_token=2e6,
+                     peak_flops_per_device=1e10, n_devices=2)
+    row = log.log_step(1, 3.5, 0.5, lr=1e-3, grad_norm=0.25, peak_mem_mb=100.0)
+    assert row["tokens_per_s"] == 8192.0
+    assert row["mfu"] == pytest.approx(0.8192, rel=1e-12)
+    one = StepLogger(None, 4096, 2e6, 1e10, n_devices=1).log_step(1, 3.5, 0.5, peak_mem_mb=100.0)
+    assert one["mfu"] == pytest.approx(2 * 0.8192)          # half the devices, twice the utilisation
+    (written,) = read_csv(tmp_path / "s.csv")
+    assert list(written) == list(COLUMNS)
+    assert written["mfu"] == pytest.approx(0.8192) and written["tokens_per_s"] == 8192.0
+    assert (written["step"], written["loss"], written["lr"], written["grad_norm"]) == (1, 3.5, 1e-3, 0.25)
+
+
+def test_row_fields_and_zero_time():
+    log = StepLogger(None, tokens_per_step=100, flops_per_token=10, peak_flops_per_device=1e3, n_devices=4)
+    row = log.log_step(7, 2.0, 0.0, overflow=True, loss_scale=512, peak_mem_mb=5)
+    assert row["tokens_per_s"] != row["tokens_per_s"] and row["mfu"] != row["mfu"]   # NaN, not a division error
+    assert (row["step"], row["overflow"], row["loss_scale"], row["peak_mem_mb"]) == (7, True, 512.0, 5.0)
+    assert log.rows == [row]
+    with pytest.raises(ValueError, match="n_devices=0"):
+        StepLogger(None, 100, 10, 1e3, n_devices=0)
+    with pytest.raises(ValueError, match="tokens_per_step=0"):
+        StepLogger(None, 0, 10, 1e3)
+
+
+def test_peak_memory_mb_is_this_process_peak_rss_on_cpu():
+    """In a fresh process: the figure is VmHWM in MiB, and it grows by what a big array touches."""
+    code = (
+        "import numpy as np\n"
+        "from mshelpers.metrics import peak_memory_mb\n"
+        "def hwm():\n"
+        "    line = next(l for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
+        "    return int(line.split()[1]) / 1024\n"
+        "a = peak_memory_mb(); h = hwm()\n"
+        "x = np.ones(64 * 2**20 // 8)          # 64 MiB, every page written\n"
+        "b = peak_memory_mb()\n"
+        "print(a, h, b, hwm())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    a, h, b, h2 = map(float, out.stdout.split()[-4:])
+    assert abs(a - h) < 2 and abs(b - h2) < 2            # the process's own peak RSS, in MiB
+    assert 60 < b - a < 70                               # +64 MiB
+
+
+def test_peak_memory_mb_prefers_the_device_figure(monkeypatch):
+    import mindspore as ms
+    monkeypatch.setattr(ms.runtime, "max_memory_allocated", lambda *a, **k: 3 * 2**20)
+    assert metrics.peak_memory_mb() == 3.0               # bytes -> MiB, device peak on Ascend/GPU
+    monkeypatch.setattr(ms.runtime, "max_memory_allocated", lambda *a, **k: 0)   # what CPU returns
+    from mshelpers.timing import peak_rss_mb
+    assert metrics.peak_memory_mb() == pytest.approx(peak_rss_mb(), abs=1.0)
