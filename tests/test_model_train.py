@@ -70,4 +70,79 @@ def test_grad_accum_matches_one_big_batch(tmp_path):
 def test_dynamic_loss_scale_is_logged(tmp_path):
     cfg = RunConfig.preset("tiny").replace(steps=3, mode="graph", dynamic_loss_scale=True, loss_scale=2.0 ** 10)
     h = train(cfg, csv_path=tmp_path / "s.csv", progress=False, peak_flops=1e11)
-    assert [r["loss_scale"] for r in h.rows] == [1024.0] * 3
+    assert [r["loss_scale"] for r in h.rows] == [1024.0] * 3       # healthy float32 steps: no overflow
+    assert [r["overflow"] for r in h.rows] == [False] * 3
+    assert [r["loss_scale"] for r in read_csv(tmp_path / "s.csv")] == [1024.0] * 3
+
+
+class Planted:
+    """A one-parameter "model" whose gradient is C x the loss scale, whatever its weight.
+
+    loss = w * C with C = 1e36, so the scaled gradient overflows float32 (3.4e38) exactly when
+    the scale exceeds 340: scales 1024 and 512 overflow, 256 does not. The data are ignored.
+    """
+
+    @staticmethod
+    def build():
+        import mindspore as ms
+        from mindspore import nn
+
+        class _Net(nn.Cell):
+            def __init__(self):
+                super().__init__()
+                self.w = ms.Parameter(ms.Tensor(np.ones((1,), np.float32)), name="w")
+
+            def construct(self, input_ids):
+                return (self.w * 1e36).sum() + 0 * input_ids.astype(ms.float32).mean()
+        return _Net()
+
+
+def test_planted_overflows_halve_the_scale_then_it_grows_after_the_window(tmp_path):
+    """The runner's scaler: /2 per overflow, skipped updates, x2 after scale_window=50 good steps."""
+    cfg = RunConfig.preset("tiny").replace(steps=53, mode="pynative", dynamic_loss_scale=True,
+                                           loss_scale=1024.0, vocab_size=1024, grad_clip=0.0)
+    h = train(cfg, net=Planted.build(), csv_path=tmp_path / "p.csv", progress=False, peak_flops=1e11)
+    scales = [r["loss_scale"] for r in h.rows]
+    overflow = [r["overflow"] for r in h.rows]
+    # 1024 -> overflow -> 512 -> overflow -> 256; 50 good steps at 256 (steps 3..52) -> 512 after step 52;
+    # step 53 runs at 512 and overflows again -> 256
+    assert scales == [512.0, 256.0] + [256.0] * 49 + [512.0, 256.0]
+    assert overflow == [True, True] + [False] * 50 + [True]
+    assert h.summary()["overflow_steps"] == 3
+    assert [r["loss_scale"] for r in read_csv(tmp_path / "p.csv")] == scales
+
+
+def test_make_loss_scaler_dynamic_and_static():
+    from mindspore import amp
+    from mshelpers.train import make_loss_scaler
+    cfg = RunConfig.preset("tiny").replace(loss_scale=1024.0)
+    dyn = make_loss_scaler(cfg.replace(dynamic_loss_scale=True))
+    assert isinstance(dyn, amp.DynamicLossScaler)
+    assert (float(dyn.scale_value.asnumpy()), dyn.scale_factor, dyn.scale_window) == (1024.0, 2, 50)
+    static = make_loss_scaler(cfg.replace(dynamic_loss_scale=False))
+    assert isinstance(static, amp.StaticLossScaler) and not isinstance(static, amp.DynamicLossScaler)
+    assert float(static.scale_value.asnumpy()) == 1024.0
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_train_step_exact_halving_and_growth_with_a_short_window(mode):
+    """make_train_step with its own DynamicLossScaler(window 3): the exact sequence, in both modes."""
+    import mindspore as ms
+    from mindspore import amp, nn
+    from mshelpers.train import make_train_step
+    cfg = RunConfig.preset("tiny").replace(mode=mode, dynamic_loss_scale=True, grad_clip=0.0)
+    net = Planted.build()
+    opt = nn.SGD(net.trainable_params(), learning_rate=1e-36)
+    step = make_train_step(net, opt, cfg, loss_scaler=amp.DynamicLossScaler(2048.0, 2, 3))
+    x = ms.Tensor(np.zeros((2, 4), np.int32))
+    scales, finite, w = [], [], []
+    for _ in range(9):
+        _, _, ok, scale = step(x)
+        scales.append(float(scale.asnumpy()))
+        finite.append(bool(ok.asnumpy()))
+        w.append(float(net.w.asnumpy()[0]))
+    # 2048, 1024, 512 overflow; 3 good steps at 256 -> 512 (overflows) -> 256; 3 good -> 512
+    assert scales == [1024.0, 512.0, 256.0, 256.0, 256.0, 512.0, 256.0, 256.0, 256.0]
+    assert finite == [False, False, False, True, True, True, False, True, True]
+    assert w[:3] == [1.0, 1.0, 1.0] and w[3] == pytest.approx(0.0, abs=1e-6)   # SGD: 1 - 1e-36 * 1e36
+    assert w[5] == w[6]                                                       # the 7th step was skipped
