@@ -26,10 +26,24 @@ What the figures mean (all per device, per optimizer step):
       forward (after attention and after the MLP) and 2 in backward, each of b·s·h values,
       plus 2 more forward ones under full recompute, plus the vocab embedding/output pair;
   pp: per micro-batch one activation sent forward and one gradient sent back (b·s·h each).
-- bubble: (p-1)/(m+p-1), the idle share of a pipeline step (GPipe and 1F1B alike).
+- bubble: (p-1)/(m+p-1), the idle share of a pipeline step (GPipe and 1F1B alike);
+  (p-1)/(v·m+p-1) for the interleaved schedule with v virtual stages (model chunks) per device.
 The planner cannot see overlap of communication with compute, link topology (which
 group crosses nodes), kernel efficiency at each shard size, or contention: it ranks
-by bytes, or by time under a `Hardware` assumption you state. Measure the winner.
+by bytes, or by time under a `Hardware` profile whose figures say where they come from:
+`Hardware.from_measurement(measure_collectives(...))` for this machine, `REFERENCE_HARDWARE`
+for cited Ascend and NVIDIA figures. Measure the winner.
+
+Communication measured, not assumed:
+    >>> rows = [{"op": "all_reduce", "bytes": b, "seconds": 1e-3 + b / 2e8, "ranks": 2} for b in (4096, 2**20, 2**24)]
+    >>> alpha, beta = fit_alpha_beta(rows, "all_reduce")        # also .residuals, .max_ratio, .predict(n)
+    >>> round(alpha, 6), round(beta / 1e6)
+    (0.001, 200)
+
+Pipeline schedules played out, with the micro-batches each stage holds:
+    >>> sim = simulate_pipeline(4, 8, "interleaved", virtual_stages=2)
+    >>> round(sim["idle_fraction"], 4) == round(pipeline_bubble_fraction(4, 8, virtual_stages=2), 4), sim["peak_in_flight"]
+    (True, [5.5, 4.5, 3.5, 2.5])
 """
 from __future__ import annotations
 
@@ -42,17 +56,23 @@ _HALF = ("float16", "bfloat16")
 
 
 # ---------------------------------------------------------------- small formulas
-def pipeline_bubble_fraction(pp: int, micro_batches: int) -> float:
+def pipeline_bubble_fraction(pp: int, micro_batches: int, virtual_stages: int = 1) -> float:
     """Idle share of a pipeline step: (p-1)/(m+p-1) (GPipe, Huang et al. 2019; 1F1B has the same bubble).
 
-    This is the share of *total* time; Megatron's (p-1)/m is relative to the ideal time.
+    With the interleaved schedule and v virtual stages (model chunks) per device it is
+    (p-1)/(v·m+p-1): the fill and drain last (p-1) chunk-steps of 1/v the time (Narayanan et
+    al. 2021, sec. 2.2.2; mindformers' `pp_interleave_num` is v). This is the share of *total*
+    time; Megatron's (p-1)/m and (p-1)/(v·m) are relative to the ideal time.
 
         >>> pipeline_bubble_fraction(1, 1), pipeline_bubble_fraction(4, 4), pipeline_bubble_fraction(8, 32)
         (0.0, 0.42857142857142855, 0.1794871794871795)
+        >>> pipeline_bubble_fraction(4, 8, virtual_stages=2)          # 3 / 19
+        0.15789473684210525
     """
     _pos("pipeline_bubble_fraction", "pp", pp)
     _pos("pipeline_bubble_fraction", "micro_batches", micro_batches)
-    return (pp - 1) / (micro_batches + pp - 1)
+    _pos("pipeline_bubble_fraction", "virtual_stages", virtual_stages)
+    return (pp - 1) / (virtual_stages * micro_batches + pp - 1)
 
 
 def ring_allreduce_bytes(buffer_bytes: int, group_size: int) -> int:
@@ -225,12 +245,128 @@ def communication_bytes(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int 
 
 @dataclass(frozen=True)
 class Hardware:
-    """Assumed device and links for `estimate_step_time`. Every figure is an input you choose, not a fact."""
+    """Device and links for `estimate_step_time`, with where each figure comes from.
+
+    Bandwidths are per device and per direction: what one device can send while it also
+    receives, i.e. the "bus bandwidth" NCCL-tests reports, because the planner divides the
+    bytes one device sends by it. Latencies (alpha) add once per collective or transfer.
+    `sources` pairs each field with its provenance ("measured ...", a datasheet URL, or
+    "assumed"). Build one with `Hardware.from_measurement(...)` (this machine),
+    `Hardware.reference(name)` (cited figures, see REFERENCE_HARDWARE) or by hand.
+    """
     peak_flops_per_device: float          # FLOP/s at the training dtype
-    intra_node_bytes_per_s: float         # per-device bandwidth inside a node
-    inter_node_bytes_per_s: float         # per-device bandwidth between nodes
+    intra_node_bytes_per_s: float         # per-device, per-direction bandwidth inside a node
+    inter_node_bytes_per_s: float         # per-device, per-direction bandwidth between nodes
     devices_per_node: int = 8
     compute_efficiency: float = 0.5       # share of peak the matmuls reach (kernel MFU)
+    intra_node_latency_s: float = 0.0     # alpha of one collective inside a node
+    inter_node_latency_s: float = 0.0     # alpha of one collective that crosses nodes
+    name: str = "assumed"
+    sources: tuple = field(default=(), compare=False)   # ((field, provenance), ...)
+
+    def source(self, field_name: str) -> str:
+        """Where `field_name`'s figure comes from ("assumed" if nobody said)."""
+        return dict(self.sources).get(field_name, "assumed")
+
+    def table(self) -> list[dict]:
+        """One row per figure with its source, for a notebook table."""
+        keys = ("peak_flops_per_device", "intra_node_bytes_per_s", "inter_node_bytes_per_s", "devices_per_node",
+                "intra_node_latency_s", "inter_node_latency_s", "compute_efficiency")
+        return [{"hardware": self.name, "figure": k, "value": getattr(self, k), "source": self.source(k)}
+                for k in keys]
+
+    @classmethod
+    def reference(cls, name: str) -> "Hardware":
+        """A cited profile from REFERENCE_HARDWARE ("ascend-910b", "a100-sxm", "h100-sxm")."""
+        if name not in REFERENCE_HARDWARE:
+            raise ValueError(f"Hardware.reference: name={name!r} is unknown; fix: use one of "
+                             f"{sorted(REFERENCE_HARDWARE)}")
+        return REFERENCE_HARDWARE[name]
+
+    @classmethod
+    def from_measurement(cls, rows_or_fit: Any, *, peak_flops_per_device: float, op: str = "all_reduce",
+                         group_size: int | None = None, compute_efficiency: float = 1.0,
+                         name: str = "this machine (measured)", peak_source: str = "measured") -> "Hardware":
+        """'This machine' from `measure_collectives` rows (or an `AlphaBetaFit`) and a measured peak.
+
+        The alpha-beta fit of `op` gives the latency (alpha) and the op's algorithmic bandwidth
+        (beta, message bytes per second); the link bandwidth is beta times the bytes each rank
+        sends per message byte (ring all-reduce 2(n-1)/n, all-gather/reduce-scatter (n-1)/n,
+        broadcast 1), so the planner's byte counts divided by it give back the measured time.
+        All ranks run on one machine: devices_per_node = n, and the inter-node figures repeat the
+        intra-node ones (no second node was measured; the sources say so). `peak_flops_per_device`
+        should be a measured matmul rate (e.g. `mshelpers.metrics.peak_flops()`), hence
+        compute_efficiency = 1.0 by default.
+        """
+        fit = rows_or_fit if isinstance(rows_or_fit, AlphaBetaFit) else fit_alpha_beta(rows_or_fit, op)
+        n = group_size or fit.ranks
+        if not n or n < 2:
+            raise ValueError(f"Hardware.from_measurement: group_size={n!r}; fix: pass group_size (the ranks measured)")
+        if not (isinstance(peak_flops_per_device, (int, float)) and peak_flops_per_device > 0):
+            raise ValueError(f"Hardware.from_measurement: peak_flops_per_device={peak_flops_per_device!r}; "
+                             "fix: pass a measured FLOP/s, e.g. mshelpers.metrics.peak_flops()")
+        bus = fit.beta_bytes_per_s * _send_factor(fit.op, n)
+        how = (f"measured: {fit.op} on {n} ranks, alpha-beta fit over {fit.n_points} sizes "
+               f"(max pred/meas ratio {fit.max_ratio:.2f}); beta x {_send_factor(fit.op, n):.3g} bytes sent per byte")
+        same = "not measured: all ranks on one machine; set equal to the intra-node figure"
+        return cls(peak_flops_per_device=float(peak_flops_per_device), intra_node_bytes_per_s=bus,
+                   inter_node_bytes_per_s=bus, devices_per_node=n, compute_efficiency=compute_efficiency,
+                   intra_node_latency_s=fit.alpha_s, inter_node_latency_s=fit.alpha_s, name=name,
+                   sources=(("peak_flops_per_device", peak_source), ("intra_node_bytes_per_s", how),
+                            ("intra_node_latency_s", how), ("inter_node_bytes_per_s", same),
+                            ("inter_node_latency_s", same), ("devices_per_node", f"ranks measured: {n}"),
+                            ("compute_efficiency", "1.0: the peak is already a measured matmul rate")))
+
+
+# Cited reference profiles. Bandwidths are per device and per direction (see Hardware); a vendor's
+# "900 GB/s NVLink" is the bidirectional total, so it enters as 450e9. Peaks are dense 16-bit tensor
+# FLOP/s (vendors also print 2x "with sparsity" figures). These are datasheet (theoretical) figures:
+# NCCL-tests/HCCL-tests bus bandwidths reach roughly 70-90 % of them, and latencies are left at 0
+# because the datasheets give none. Check them against a measurement on your own cluster.
+_A100_DS = "NVIDIA A100 datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
+_H100_DS = "NVIDIA H100 datasheet, https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+REFERENCE_HARDWARE: dict[str, Hardware] = {
+    "a100-sxm": Hardware(
+        peak_flops_per_device=312e12, intra_node_bytes_per_s=300e9, inter_node_bytes_per_s=25e9,
+        devices_per_node=8, compute_efficiency=0.5, name="NVIDIA A100 SXM4 (DGX A100: NVLink 3 + HDR InfiniBand)",
+        sources=(("peak_flops_per_device", "datasheet: BF16 Tensor Core 312 TFLOPS dense (624 with sparsity); " + _A100_DS),
+                 ("intra_node_bytes_per_s", "datasheet: NVLink 600 GB/s bidirectional = 300 GB/s per direction "
+                                            "(12 links x 50 GB/s); " + _A100_DS),
+                 ("inter_node_bytes_per_s", "datasheet: DGX A100 has one 200 Gb/s HDR InfiniBand ConnectX-6 port per "
+                                            "GPU = 25 GB/s; NVIDIA DGX A100 datasheet, https://www.nvidia.com/content/"
+                                            "dam/en-zz/Solutions/Data-Center/nvidia-dgx-a100-datasheet.pdf (not "
+                                            "re-checked here)"),
+                 ("devices_per_node", "DGX/HGX A100: 8 GPUs"),
+                 ("compute_efficiency", "assumed"))),
+    "h100-sxm": Hardware(
+        peak_flops_per_device=989.5e12, intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9,
+        devices_per_node=8, compute_efficiency=0.5, name="NVIDIA H100 SXM5 (DGX H100: NVLink 4 + NDR InfiniBand)",
+        sources=(("peak_flops_per_device", "datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity = 989.5 dense; "
+                  + _H100_DS),
+                 ("intra_node_bytes_per_s", "datasheet: NVLink 900 GB/s bidirectional = 450 GB/s per direction "
+                                            "(18 links x 50 GB/s); " + _H100_DS),
+                 ("inter_node_bytes_per_s", "DGX H100 user guide: one ConnectX-7 per GPU (8 OSFP ports), 400 Gb/s NDR "
+                                            "= 50 GB/s; https://docs.nvidia.com/dgx/dgxh100-user-guide/"),
+                 ("devices_per_node", "DGX/HGX H100: 8 GPUs"),
+                 ("compute_efficiency", "assumed"))),
+    "ascend-910b": Hardware(
+        peak_flops_per_device=320e12, intra_node_bytes_per_s=196e9, inter_node_bytes_per_s=25e9,
+        devices_per_node=8, compute_efficiency=0.5,
+        name="Huawei Ascend 910B (Atlas 800T A2: HCCS full mesh + RoCE)",
+        sources=(("peak_flops_per_device", "secondary source, not a Huawei datasheet: FP16 about 320 TFLOPS "
+                  "(https://boardor.com/blog/huawei-ascend-910b-outperforms-h20-910c-approaches-h100); 910B bins "
+                  "differ, check `npu-smi info` and Huawei's Atlas 800T A2 white paper"),
+                 ("intra_node_bytes_per_s", "secondary source: HCCS 392 GB/s per 910B bidirectional (7 links x 56 "
+                  "GB/s in the 8-NPU full mesh; the 2-die 910C is quoted at 784 GB/s, https://www.besthub.dev/"
+                  "articles/huawei-ascend-ai-chip-detailed-specs-comparison-2025-2028-roadmap-a247a4760c30) = "
+                  "196 GB/s per direction; not a Huawei datasheet"),
+                 ("inter_node_bytes_per_s", "assumed from the Atlas 800T A2 configuration commonly described (one "
+                  "200GE RoCE port per NPU = 25 GB/s); not verified against a Huawei document here. (The first "
+                  "Ascend 910 had 2x100 Gb/s RoCE and 3x240 Gb/s HCCS, Hot Chips 2019)"),
+                 ("devices_per_node", "Atlas 800T A2: 8 NPUs (MindCluster docs: 8 NPU ports per node, "
+                  "https://www.hiascend.com/document/detail/zh/mindcluster/730/deployer/deployerug/deployer_0025.html)"),
+                 ("compute_efficiency", "assumed"))),
+}
 
 
 def estimate_step_time(cfg: Any, layout: Layout, hardware: Hardware, *, global_batch: int,
@@ -249,9 +385,16 @@ def estimate_step_time(cfg: Any, layout: Layout, hardware: Hardware, *, global_b
     compute = flops / layout.n_devices / (hardware.peak_flops_per_device * hardware.compute_efficiency)
     node = hardware.devices_per_node
     bw = lambda span: hardware.intra_node_bytes_per_s if span <= node else hardware.inter_node_bytes_per_s
-    tp_s = layout.comm_tp_bytes / bw(layout.mp)
-    dp_s = layout.comm_dp_bytes / bw(layout.mp * layout.dp)
-    pp_s = layout.comm_pp_bytes / bw(layout.mp * layout.dp * 2)   # neighbouring stages are dp*mp ranks apart
+    lat = lambda span: hardware.intra_node_latency_s if span <= node else hardware.inter_node_latency_s
+    n_tp = 0
+    if layout.mp > 1:   # how many collectives pay the latency (0 s unless the Hardware has one)
+        n_tp = layout.micro_batches * (tp_allreduces_per_micro_batch(
+            _cfg_int(cfg, "num_layers") // layout.pp, recompute=getattr(cfg, "recompute", "none")) -
+            (1 if layout.pp > 1 else 0))
+    tp_s = layout.comm_tp_bytes / bw(layout.mp) + n_tp * lat(layout.mp)
+    dp_s = layout.comm_dp_bytes / bw(layout.mp * layout.dp) + (lat(layout.mp * layout.dp) if layout.dp > 1 else 0.0)
+    pp_s = layout.comm_pp_bytes / bw(layout.mp * layout.dp * 2) + (  # neighbouring stages are dp*mp ranks apart
+        2 * layout.micro_batches * lat(layout.mp * layout.dp * 2) if layout.pp > 1 else 0.0)
     busy = compute + tp_s + pp_s
     bubble_s = busy * layout.bubble_fraction / (1 - layout.bubble_fraction)
     step = busy + bubble_s + dp_s
@@ -349,6 +492,198 @@ def find_layout(plans: Sequence[Layout], dp: int, mp: int, pp: int = 1, micro_ba
                      f"micro_batches={micro_batches}; fix: check validate_layout(...) for why it is invalid")
 
 
+# ---------------------------------------------------------------- collectives measured on this machine
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+# 4 KiB .. 16 MiB. Larger messages are not linear here: on a 2-core Xeon a 32 MiB AllReduce took
+# 3.7x the 16 MiB one (0.75 s against 0.20 s), so an alpha-beta line through them misleads; pass
+# `sizes` to look at them.
+DEFAULT_COLLECTIVE_SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
+
+
+def measure_collectives(ranks: int = 2, sizes: Sequence[int] | None = None,
+                        ops: Sequence[str] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast"), *,
+                        repeats: int = 7, warmup: int = 2, max_seconds_per_size: float = 4.0,
+                        threads: int | None = None, timeout: float = 300, log_dir: Any = None) -> list[dict]:
+    """Time collectives between `ranks` msrun processes on this machine; one row per (op, size).
+
+    Launches `mshelpers/workers/collectives_bench.py` under msrun (`mshelpers.launch.msrun`).
+    For every op and message size (default 4 KiB to 16 MiB, 7 sizes): `warmup` untimed calls,
+    then `repeats` timed ones (fewer past `max_seconds_per_size`, at least 3), each
+    synchronised with `.asnumpy()` and started together after a tiny barrier all-reduce.
+    Rows: {op, bytes, seconds, ranks} where seconds is the slowest rank's median, plus api
+    (the MindSpore call), repeats, rank_medians_s, min_s and max_s (over all ranks' calls).
+    `bytes` is the full float32 buffer the op is about (all-reduced tensor, gathered output,
+    reduce-scatter input, broadcast tensor), rounded to a multiple of 4·ranks. An op that fails
+    on this backend keeps its rows, with seconds None and `error` quoting MindSpore (on CPU
+    `ops.ReduceScatter` has no kernel). `threads` sets each rank's CPU kernel threads (default:
+    the cores divided among the ranks; 0 keeps MindSpore's default). The default call takes
+    about 40 s on 2 cores, 25 s of it msrun and MindSpore start-up. Ops run broadcast first and
+    the rows come back in the order asked (see the worker for why).
+    """
+    fn = "measure_collectives"
+    _pos(fn, "ranks", ranks)
+    if ranks < 2:
+        raise ValueError(f"{fn}: ranks={ranks} measures nothing; fix: use ranks >= 2")
+    sizes = list(DEFAULT_COLLECTIVE_SIZES if sizes is None else sizes)
+    if not sizes:
+        raise ValueError(f"{fn}: sizes is empty; fix: pass message sizes in bytes, or None for the default")
+    for b in sizes:
+        _pos(fn, "sizes[i]", b)
+    ops = [ops] if isinstance(ops, str) else list(ops)
+    bad = [o for o in ops if o not in COLLECTIVES]
+    if bad or not ops:
+        raise ValueError(f"{fn}: ops={ops!r} has unknown {bad}; fix: choose from {COLLECTIVES}")
+    _pos(fn, "repeats", repeats)
+    if threads is None:
+        import os
+        threads = max(1, (os.cpu_count() or 1) // ranks)
+    from .launch import msrun                 # imported here: the planner above runs without MindSpore
+    from .workers import script_path
+    run = msrun(script_path("collectives_bench"), workers=ranks, log_dir=log_dir, timeout=timeout,
+                args=["--sizes", ",".join(str(int(b)) for b in sizes), "--ops", ",".join(ops),
+                      "--repeats", str(repeats), "--warmup", str(warmup),
+                      "--max-seconds-per-size", str(max_seconds_per_size), "--threads", str(int(threads))])
+    per_rank = [r["rows"] for r in run.results() if r]
+    if len(per_rank) != ranks:
+        raise RuntimeError(f"{fn}: {len(per_rank)} of {ranks} ranks wrote results; see the logs in {run.log_dir}")
+    rows = []
+    for i, r0 in enumerate(per_rank[0]):
+        mine = [rr[i] for rr in per_rank]
+        row = {"op": r0["op"], "bytes": int(r0["bytes"]), "seconds": None, "ranks": ranks, "api": r0.get("api")}
+        errors = [m["error"] for m in mine if m.get("error")]
+        if errors:
+            row["error"] = errors[0]
+        else:
+            times = [t for m in mine for t in m["times_s"]]
+            row.update(seconds=max(m["median_s"] for m in mine), repeats=min(len(m["times_s"]) for m in mine),
+                       rank_medians_s=[m["median_s"] for m in mine], min_s=min(times), max_s=max(times))
+        rows.append(row)
+    return rows
+
+
+@dataclass(frozen=True)
+class AlphaBetaFit:
+    """A least-squares fit of t(S) = alpha + S/beta to measured (bytes, seconds) of one collective.
+
+    Unpacks as the pair `alpha_s, beta_bytes_per_s = fit` (iteration and indexing give those two
+    numbers only); the rest says how good the fit is: `residuals` (one dict per size: bytes,
+    measured_s, predicted_s, residual_s, ratio = predicted/measured), `rms_rel_error` and
+    `max_ratio` (the worst of predicted/measured and measured/predicted, >= 1).
+    """
+    op: str
+    alpha_s: float
+    beta_bytes_per_s: float
+    n_points: int
+    ranks: int | None
+    weighting: str
+    residuals: tuple
+    rms_rel_error: float
+    max_ratio: float
+
+    def __iter__(self):
+        return iter((self.alpha_s, self.beta_bytes_per_s))
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> float:
+        return (self.alpha_s, self.beta_bytes_per_s)[i]
+
+    def predict(self, nbytes: float) -> float:
+        """Seconds the fitted model gives for a message of `nbytes`."""
+        return self.alpha_s + nbytes / self.beta_bytes_per_s
+
+
+def fit_alpha_beta(rows: Iterable[dict], op: str, *, weighting: str = "relative",
+                   exclude_bytes: Iterable[int] = ()) -> AlphaBetaFit:
+    """Fit the latency-bandwidth model t = alpha + bytes/beta to the rows of `op`; return an AlphaBetaFit.
+
+    `alpha_s, beta_bytes_per_s = fit_alpha_beta(rows, op)` is the (alpha, beta) pair. Rows are
+    `measure_collectives` rows (or any dicts with op, bytes, seconds); rows with an error, no
+    time, or a size in `exclude_bytes` (to hold one out and predict it) are skipped.
+    weighting="relative" (default) minimises the squared *relative* residuals, weights 1/t²,
+    so the millisecond-scale small messages and the 0.1 s large ones count alike;
+    "absolute" minimises squared seconds (then the largest messages dominate). If the
+    unconstrained fit gives alpha < 0, alpha is pinned at 0 and beta refitted.
+
+        >>> rows = [{"op": "all_reduce", "bytes": b, "seconds": 2e-3 + b / 1.5e8} for b in (1e4, 1e6, 1.6e7)]
+        >>> f = fit_alpha_beta(rows, "all_reduce")
+        >>> round(f.alpha_s, 6), round(f.beta_bytes_per_s / 1e6, 3), f.max_ratio < 1 + 1e-9
+        (0.002, 150.0, True)
+    """
+    fn = "fit_alpha_beta"
+    if weighting not in ("relative", "absolute"):
+        raise ValueError(f"{fn}: weighting={weighting!r} is invalid; fix: use 'relative' or 'absolute'")
+    rows = list(rows)
+    skip = set(int(b) for b in exclude_bytes)
+    pts = [(float(r["bytes"]), float(r["seconds"])) for r in rows
+           if r.get("op") == op and not r.get("error") and r.get("seconds") and int(r["bytes"]) not in skip]
+    pts = [(x, t) for x, t in pts if x > 0 and t > 0]
+    if len({x for x, _ in pts}) < 2:
+        errs = sorted({r["error"] for r in rows if r.get("op") == op and r.get("error")})
+        why = f" (its rows carry errors: {errs[0]})" if errs else ""
+        raise ValueError(f"{fn}: op={op!r} has {len(pts)} usable rows at {len({x for x, _ in pts})} distinct sizes"
+                         f"{why}; fix: measure at least 2 sizes that ran, e.g. measure_collectives(ops=[{op!r}])")
+    w = [1 / t ** 2 if weighting == "relative" else 1.0 for _, t in pts]
+    sw = sum(w)
+    sx = sum(wi * x for wi, (x, _) in zip(w, pts))
+    st = sum(wi * t for wi, (_, t) in zip(w, pts))
+    sxx = sum(wi * x * x for wi, (x, _) in zip(w, pts))
+    sxt = sum(wi * x * t for wi, (x, t) in zip(w, pts))
+    det = sw * sxx - sx * sx
+    slope = (sw * sxt - sx * st) / det
+    alpha = (st - slope * sx) / sw
+    if alpha < 0:                               # a negative latency is not physical: pin it at 0
+        alpha, slope = 0.0, sxt / sxx
+    if not slope > 0:
+        raise ValueError(f"{fn}: op={op!r}: time does not grow with size over {sorted({x for x, _ in pts})} "
+                         "(the fitted 1/beta is not positive); fix: measure sizes spanning at least 100x, "
+                         "up to 16 MiB or more, with more repeats")
+    beta = 1 / slope
+    res, rel = [], []
+    for x, t in sorted(pts):
+        pred = alpha + x / beta
+        res.append({"bytes": int(x), "measured_s": t, "predicted_s": pred, "residual_s": t - pred,
+                    "ratio": pred / t})
+        rel.append((t - pred) / t)
+    ranks = next((r.get("ranks") for r in rows if r.get("op") == op and r.get("ranks")), None)
+    return AlphaBetaFit(op=op, alpha_s=alpha, beta_bytes_per_s=beta, n_points=len(pts), ranks=ranks,
+                        weighting=weighting, residuals=tuple(res),
+                        rms_rel_error=math.sqrt(sum(e * e for e in rel) / len(rel)),
+                        max_ratio=max(max(r["ratio"], 1 / r["ratio"]) for r in res))
+
+
+def collective_time(op: str, nbytes: float, group_size: int, hardware: Hardware, *,
+                    crosses_nodes: bool = False) -> float:
+    """Seconds one collective of `nbytes` (the full buffer, as in measure_collectives) takes under `hardware`.
+
+    latency + (bytes each rank sends) / (per-device link bandwidth), with ring volumes:
+    all-reduce 2(n-1)/n·S, all-gather and reduce-scatter (n-1)/n·S, broadcast S.
+    This is the same model estimate_step_time uses for the planner's traffic.
+
+        >>> hw = Hardware(1e12, intra_node_bytes_per_s=1e9, inter_node_bytes_per_s=1e8, intra_node_latency_s=1e-4)
+        >>> round(collective_time("all_reduce", 1e6, 2, hw), 6), round(collective_time("all_gather", 1e6, 4, hw), 6)
+        (0.0011, 0.00085)
+    """
+    if op not in COLLECTIVES:
+        raise ValueError(f"collective_time: op={op!r} is unknown; fix: use one of {COLLECTIVES}")
+    _pos("collective_time", "group_size", group_size)
+    if group_size == 1:
+        return 0.0
+    bw = hardware.inter_node_bytes_per_s if crosses_nodes else hardware.intra_node_bytes_per_s
+    lat = hardware.inter_node_latency_s if crosses_nodes else hardware.intra_node_latency_s
+    return lat + _send_factor(op, group_size) * nbytes / bw
+
+
+def _send_factor(op: str, n: int) -> float:
+    """Bytes each rank sends per byte of the op's buffer, for ring algorithms on n ranks."""
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
 # ---------------------------------------------------------------- data-parallel shard check
 def check_shards(per_rank_ids: Sequence[Iterable[Any]], full_ids: Iterable[Any] | None = None) -> dict[str, Any]:
     """Did the ranks read disjoint samples that together make up the full set? (the seeds' shard_id bug)
@@ -384,65 +719,219 @@ def check_shards(per_rank_ids: Sequence[Iterable[Any]], full_ids: Iterable[Any] 
     return out
 
 
-# ---------------------------------------------------------------- a pipeline schedule, to check the bubble
-def simulate_pipeline(pp: int, micro_batches: int, *, schedule: str = "1f1b", forward_time: float = 1.0,
-                      backward_time: float = 2.0) -> dict[str, Any]:
-    """Play a GPipe or 1F1B schedule step by step and measure its idle share (checks the bubble formula).
+# ---------------------------------------------------------------- pipeline schedules: bubble and micro-batches in flight
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+INTERLEAVED_ORDERS = ("standard", "memory")
+
+
+def simulate_pipeline(pp: int, micro_batches: int, schedule: str = "1f1b", virtual_stages: int = 1, *,
+                      forward_time: float = 1.0, backward_time: float = 2.0,
+                      interleaved_order: str = "standard") -> dict[str, Any]:
+    """Play a GPipe, 1F1B or interleaved schedule op by op; measure its idle share and what each stage holds.
 
     Each stage runs its own op order; an op starts when its stage is free and its input is
-    ready (forward from the previous stage, backward from the next). Returns the ops as
-    (stage, kind, micro_batch, start, end), the makespan and the measured idle fraction.
+    ready (forward from the previous virtual stage, backward from the next). Communication
+    takes no time. Orders:
+    - gpipe: all forwards, then all backwards (Huang et al. 2019);
+    - 1f1b: p-s-1 warm-up forwards on stage s, then one forward / one backward (Narayanan et
+      al. 2021, PipeDream-Flush; MindSpore's default pipeline scheduler);
+    - interleaved: each device holds v = `virtual_stages` model chunks (chunk c of stage s is
+      virtual stage c·p+s, each 1/v of the stage's layers, so 1/v of the time). Forwards run
+      in groups of p micro-batches (the first group p + m mod p) chunk by chunk, backwards
+      the same with chunks reversed; stage s does `bias` warm-up forwards, then forward k with
+      backward k-bias. As in MindSpore's InterleavedScheduler (mindspore/ccsrc/frontend/
+      parallel/pipeline_transformer/pipeline_scheduler.cc) and Megatron-LM:
+      "standard" bias = (p + m mod p)(v-1) + 2(p-s-1) (Reorder, also Megatron-LM's warm-up);
+      "memory" bias = (p + m mod p)(v-1) + (p-s-1) (MemoryOptimizedReorder, which MindSpore
+      uses under jit_level O0/O1: "some forwards moved later" in its docs' figure 5).
+
+    Returns ops as (stage, kind, micro_batch, start, end) plus `chunks` (each op's model chunk),
+    the makespan, the measured idle fraction, and per stage `peak_in_flight` (micro-batches
+    whose activations are held at the peak, in whole-stage units: a chunk counts 1/v) and
+    `peak_in_flight_chunks` (the integer count of held chunk activations).
 
         >>> round(simulate_pipeline(4, 8)["idle_fraction"], 6) == round(pipeline_bubble_fraction(4, 8), 6)
         True
+        >>> simulate_pipeline(4, 8, "gpipe")["peak_in_flight"], simulate_pipeline(4, 8, "1f1b")["peak_in_flight"]
+        ([8, 8, 8, 8], [4, 3, 2, 1])
     """
-    _pos("simulate_pipeline", "pp", pp)
-    _pos("simulate_pipeline", "micro_batches", micro_batches)
-    if schedule not in ("gpipe", "1f1b"):
-        raise ValueError(f"simulate_pipeline: schedule={schedule!r} is unknown; fix: use 'gpipe' or '1f1b'")
-    orders = []
-    for s in range(pp):
-        if schedule == "gpipe":
-            order = [("F", i) for i in range(micro_batches)] + [("B", i) for i in range(micro_batches)]
-        else:
-            warm = min(pp - s - 1, micro_batches)
-            order = [("F", i) for i in range(warm)]
-            f, b = warm, 0
-            while b < micro_batches:
-                if f < micro_batches:
-                    order.append(("F", f))
-                    f += 1
-                order.append(("B", b))
-                b += 1
-        orders.append(order)
+    fn = "simulate_pipeline"
+    _pos(fn, "pp", pp)
+    _pos(fn, "micro_batches", micro_batches)
+    _pos(fn, "virtual_stages", virtual_stages)
+    _check_schedule(fn, pp, micro_batches, schedule, virtual_stages, interleaved_order)
+    m, v = micro_batches, virtual_stages
+    orders = [_stage_order(pp, m, schedule, v, s, interleaved_order) for s in range(pp)]
+    last_vs = pp * v - 1
     end: dict[tuple, float] = {}
     free = [0.0] * pp
     pos = [0] * pp
-    ops = []
+    ops, chunks = [], []
     remaining = sum(len(o) for o in orders)
+    f_t, b_t = forward_time / v, backward_time / v
     while remaining:
         progressed = False
         for s in range(pp):
             if pos[s] == len(orders[s]):
                 continue
-            kind, i = orders[s][pos[s]]
-            dep = (s - 1, "F", i) if kind == "F" and s > 0 else (
-                (s + 1, "B", i) if kind == "B" and s < pp - 1 else (s, "F", i) if kind == "B" else None)
+            kind, i, c = orders[s][pos[s]]
+            vs = c * pp + s                       # virtual stage: chunk c of device s
+            if kind == "F":
+                dep = ("F", vs - 1, i) if vs > 0 else None
+            else:
+                dep = ("B", vs + 1, i) if vs < last_vs else ("F", vs, i)
             if dep is not None and dep not in end:
                 continue
             start = max(free[s], end[dep] if dep else 0.0)
-            dur = forward_time if kind == "F" else backward_time
-            end[(s, kind, i)] = start + dur
+            dur = f_t if kind == "F" else b_t
+            end[(kind, vs, i)] = start + dur
             free[s] = start + dur
             ops.append((s, kind, i, start, start + dur))
+            chunks.append(c)
             pos[s] += 1
             remaining -= 1
             progressed = True
         if not progressed:   # cannot happen for these schedules; guards against an endless loop
             raise RuntimeError("simulate_pipeline: schedule deadlocked")
     makespan = max(free)
-    busy = micro_batches * (forward_time + backward_time) * pp
-    return {"ops": ops, "makespan": makespan, "idle_fraction": 1 - busy / (pp * makespan)}
+    busy = m * (forward_time + backward_time) * pp
+    held = []
+    for s in range(pp):
+        cur = peak = 0
+        for op in sorted((o for o in ops if o[0] == s), key=lambda o: o[3]):
+            cur += 1 if op[1] == "F" else -1
+            peak = max(peak, cur)
+        held.append(peak)
+    return {"ops": ops, "chunks": chunks, "makespan": makespan, "idle_fraction": 1 - busy / (pp * makespan),
+            "schedule": schedule, "virtual_stages": v,
+            "peak_in_flight": [h if v == 1 else h / v for h in held], "peak_in_flight_chunks": held}
+
+
+def pipeline_in_flight(pp: int, micro_batches: int, schedule: str = "1f1b", virtual_stages: int = 1, *,
+                       interleaved_order: str = "standard") -> list[float]:
+    """Per stage, the most micro-batches whose activations are held at once (closed form; `simulate_pipeline` agrees).
+
+    gpipe: m on every stage. 1f1b: min(p-s, m) on stage s. interleaved: min(bias_s + 1, v·m)
+    chunk activations, each 1/v of a stage, so min(bias_s + 1, v·m)/v stage-equivalents, with
+    bias_s from `simulate_pipeline`'s docstring. For m a multiple of p the first stage holds
+    p + (p-1)/v ("standard": Korthikanti et al. 2022 sec. 4.2.3's p·(1 + (p-1)/(p·v))) or p
+    ("memory", like 1F1B).
+
+        >>> pipeline_in_flight(4, 8, "1f1b"), pipeline_in_flight(4, 8, "interleaved", 2)
+        ([4, 3, 2, 1], [5.5, 4.5, 3.5, 2.5])
+        >>> pipeline_in_flight(4, 8, "interleaved", 2, interleaved_order="memory")
+        [4.0, 3.5, 3.0, 2.5]
+    """
+    fn = "pipeline_in_flight"
+    _pos(fn, "pp", pp)
+    _pos(fn, "micro_batches", micro_batches)
+    _pos(fn, "virtual_stages", virtual_stages)
+    _check_schedule(fn, pp, micro_batches, schedule, virtual_stages, interleaved_order)
+    m, v = micro_batches, virtual_stages
+    if schedule == "gpipe":
+        return [m] * pp
+    if schedule == "1f1b":
+        return [min(pp - s, m) for s in range(pp)]
+    return [min(_interleaved_bias(pp, m, v, s, interleaved_order) + 1, v * m) / v for s in range(pp)]
+
+
+def pipeline_activation_bytes(stage_bytes_per_micro_batch: float, pp: int, micro_batches: int,
+                              schedule: str = "1f1b", virtual_stages: int = 1, *, stage: int = 0,
+                              interleaved_order: str = "standard") -> int:
+    """Activation bytes a pipeline stage holds at its peak: in-flight micro-batches × one micro-batch's stage bytes.
+
+    `stage_bytes_per_micro_batch` is what one micro-batch leaves on one stage for backward:
+    layers per stage × `mshelpers.memory.activation_bytes_per_layer(...)` (Korthikanti et al.
+    2022; `stage_activation_bytes` computes it for a RunConfig and Layout). The first stage
+    (stage=0) holds the most. `mshelpers.memory.estimate` assumes 1F1B's min(p, m).
+
+        >>> pipeline_activation_bytes(100, 4, 8, "gpipe"), pipeline_activation_bytes(100, 4, 8, "1f1b")
+        (800, 400)
+        >>> pipeline_activation_bytes(100, 4, 8, "interleaved", 2)
+        550
+    """
+    if not (isinstance(stage_bytes_per_micro_batch, (int, float)) and stage_bytes_per_micro_batch >= 0):
+        raise ValueError(f"pipeline_activation_bytes: stage_bytes_per_micro_batch={stage_bytes_per_micro_batch!r}; "
+                         "fix: pass the bytes one micro-batch leaves on one stage (>= 0)")
+    held = pipeline_in_flight(pp, micro_batches, schedule, virtual_stages, interleaved_order=interleaved_order)
+    if not (isinstance(stage, int) and 0 <= stage < pp):
+        raise ValueError(f"pipeline_activation_bytes: stage={stage!r}; fix: use 0 <= stage < pp={pp}")
+    return math.ceil(held[stage] * stage_bytes_per_micro_batch)
+
+
+def stage_activation_bytes(cfg: Any, layout: Any, schedule: str = "1f1b", virtual_stages: int = 1, *,
+                           seq_len: int | None = None, stage: int = 0, sequence_parallel: bool = False,
+                           interleaved_order: str = "standard", bytes_per_value: int | None = None) -> dict:
+    """A layout's peak activation memory on one pipeline stage under a schedule (first stage by default).
+
+    Per layer: `mshelpers.memory.activation_bytes_per_layer` for the layout's micro-batch
+    (layout.micro_batch_size sequences), mp as tp and cfg.recompute; times num_layers/pp;
+    times `pipeline_in_flight`. Excludes the output logits and recompute working set that
+    `memory.estimate` adds. Keys: in_flight, layers_per_stage, per_layer_bytes,
+    micro_batch_bytes (one micro-batch on the stage), bytes.
+    """
+    from .memory import activation_bytes_per_layer   # imported here: this module runs without its siblings
+    s = seq_len or _cfg_int(cfg, "seq_len")
+    half = getattr(cfg, "compute_dtype", "float32") in _HALF
+    bpv = bytes_per_value or (2 if half else 4)
+    b = getattr(layout, "micro_batch_size", None) or 1
+    layers = _cfg_int(cfg, "num_layers")
+    if layers % (layout.pp * virtual_stages):
+        raise ValueError(f"stage_activation_bytes: num_layers={layers} is not divisible by pp*virtual_stages = "
+                         f"{layout.pp}*{virtual_stages}; fix: choose virtual_stages dividing {layers // layout.pp}")
+    per_layer = activation_bytes_per_layer(s, b, _cfg_int(cfg, "hidden_size"), _cfg_int(cfg, "num_heads"),
+                                           tp=layout.mp, sequence_parallel=sequence_parallel,
+                                           recompute=getattr(cfg, "recompute", "none"), bytes_per_value=bpv)
+    per_mb = per_layer * (layers // layout.pp)
+    held = pipeline_in_flight(layout.pp, layout.micro_batches, schedule, virtual_stages,
+                              interleaved_order=interleaved_order)[stage]
+    return {"in_flight": held, "layers_per_stage": layers // layout.pp, "per_layer_bytes": per_layer,
+            "micro_batch_bytes": per_mb, "bytes": math.ceil(held * per_mb)}
+
+
+def _check_schedule(fn: str, pp: int, m: int, schedule: str, v: int, order: str) -> None:
+    if schedule not in PIPELINE_SCHEDULES:
+        raise ValueError(f"{fn}: schedule={schedule!r} is unknown; fix: use one of {PIPELINE_SCHEDULES}")
+    if schedule != "interleaved" and v != 1:
+        raise ValueError(f"{fn}: virtual_stages={v} needs schedule='interleaved'; fix: pass "
+                         "schedule='interleaved' or virtual_stages=1")
+    if schedule == "interleaved":
+        if order not in INTERLEAVED_ORDERS:
+            raise ValueError(f"{fn}: interleaved_order={order!r} is unknown; fix: use one of {INTERLEAVED_ORDERS}")
+        if m < pp:
+            raise ValueError(f"{fn}: micro_batches={m} < pp={pp}; MindSpore's interleaved scheduler needs "
+                             f"micro_batch_num >= pipeline stages; fix: use micro_batches >= {pp}")
+
+
+def _interleaved_bias(pp: int, m: int, v: int, s: int, order: str) -> int:
+    """Warm-up forwards of stage s (MindSpore InterleavedScheduler: bias_ in Reorder / MemoryOptimizedReorder)."""
+    return (pp + m % pp) * (v - 1) + (2 if order == "standard" else 1) * (pp - s - 1)
+
+
+def _stage_order(pp: int, m: int, schedule: str, v: int, s: int, order: str) -> list[tuple[str, int, int]]:
+    """Stage s's op order as (kind, micro_batch, chunk)."""
+    if schedule == "gpipe":
+        return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
+    if schedule == "1f1b":
+        warm = min(pp - s - 1, m)
+        out = [("F", i, 0) for i in range(warm)]
+        f, b = warm, 0
+        while b < m:
+            if f < m:
+                out.append(("F", f, 0))
+                f += 1
+            out.append(("B", b, 0))
+            b += 1
+        return out
+    first = pp + m % pp                          # MindSpore's first group carries the m mod p extra micro-batches
+    groups = [range(0, first)] + [range(k, k + pp) for k in range(first, m, pp)]
+    fwd = [("F", i, c) for g in groups for c in range(v) for i in g]
+    bwd = [("B", i, c) for g in groups for c in reversed(range(v)) for i in g]
+    bias = min(_interleaved_bias(pp, m, v, s, order), m * v)
+    out = fwd[:bias]
+    for k in range(bias, m * v):
+        out += [fwd[k], bwd[k - bias]]
+    return out + bwd[m * v - bias:]
 
 
 # ---------------------------------------------------------------- mindformers / MindSpore config for a layout

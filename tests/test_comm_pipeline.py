@@ -1,0 +1,274 @@
+"""mshelpers.parallel, issue 18: collectives measured (alpha-beta fit, Hardware profiles with sources) and
+pipeline schedules simulated with the micro-batches each stage holds (GPipe, 1F1B, interleaved).
+The last test runs a real 2-rank measurement under msrun (~30 s).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mshelpers import parallel
+from mshelpers.config import RunConfig
+from mshelpers.parallel import (REFERENCE_HARDWARE, AlphaBetaFit, Hardware, collective_time, estimate_step_time,
+                                fit_alpha_beta, make_layout, pipeline_activation_bytes, pipeline_bubble_fraction,
+                                pipeline_in_flight, simulate_pipeline, stage_activation_bytes)
+
+L7 = RunConfig.preset("llama2-7b")
+
+
+def _rows(alpha, beta, sizes, op="all_reduce", noise=()):
+    noise = list(noise) or [1.0] * len(sizes)
+    return [{"op": op, "bytes": b, "seconds": (alpha + b / beta) * k, "ranks": 2} for b, k in zip(sizes, noise)]
+
+
+# ---------------------------------------------------------------- alpha-beta fit
+SIZES = [4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20]
+
+
+@pytest.mark.parametrize("weighting", ["relative", "absolute"])
+def test_fit_recovers_alpha_and_beta_from_exact_rows(weighting):
+    fit = fit_alpha_beta(_rows(3e-3, 1.2e8, SIZES), "all_reduce", weighting=weighting)
+    alpha, beta = fit                                     # the issue's tuple contract
+    assert alpha == pytest.approx(3e-3, rel=1e-9) and beta == pytest.approx(1.2e8, rel=1e-9)
+    assert (fit[0], fit[1]) == (alpha, beta) and len(fit) == 2
+    assert isinstance(fit, AlphaBetaFit) and fit.n_points == len(SIZES) and fit.ranks == 2
+    assert fit.max_ratio == pytest.approx(1.0) and fit.rms_rel_error < 1e-9
+    assert [r["bytes"] for r in fit.residuals] == SIZES
+    assert fit.predict(32 << 20) == pytest.approx(3e-3 + (32 << 20) / 1.2e8)
+
+
+def test_fit_reports_residuals_of_noisy_rows_and_relative_weighting_respects_small_messages():
+    noise = [1.3, 0.8, 1.2, 0.9, 1.1, 0.95, 1.02]
+    rows = _rows(5e-3, 1e8, SIZES, noise=noise)
+    rel = fit_alpha_beta(rows, "all_reduce")
+    for r, k in zip(rel.residuals, noise):
+        assert r["residual_s"] == pytest.approx(r["measured_s"] - r["predicted_s"])
+        assert r["ratio"] == pytest.approx(r["predicted_s"] / r["measured_s"])
+    assert 1.1 < rel.max_ratio < 1.6 and 0.05 < rel.rms_rel_error < 0.4
+    assert rel.alpha_s == pytest.approx(5e-3, rel=0.3) and rel.beta_bytes_per_s == pytest.approx(1e8, rel=0.1)
+    ab = fit_alpha_beta(rows, "all_reduce", weighting="absolute")
+    # the absolute fit is driven by the big messages: its worst small-message ratio is worse
+    assert max(r["ratio"] for r in ab.residuals[:3]) >= max(r["ratio"] for r in rel.residuals[:3]) - 1e-12
+
+
+def test_fit_pins_negative_latency_at_zero_and_skips_errors_and_held_out_sizes():
+    rows = [{"op": "all_gather", "bytes": b, "seconds": b / 1e8 - 1e-4} for b in (1 << 20, 4 << 20, 16 << 20)]
+    rows += [{"op": "all_gather", "bytes": 64 << 20, "seconds": None, "error": "RuntimeError: x"},
+             {"op": "all_reduce", "bytes": 1 << 20, "seconds": 99.0}]
+    fit = fit_alpha_beta(rows, "all_gather")
+    assert fit.alpha_s == 0.0 and fit.n_points == 3 and fit.beta_bytes_per_s == pytest.approx(1e8, rel=0.01)
+    held = fit_alpha_beta(_rows(1e-3, 1e8, SIZES), "all_reduce", exclude_bytes=[16 << 20])
+    assert held.n_points == len(SIZES) - 1
+    assert held.predict(16 << 20) == pytest.approx(1e-3 + (16 << 20) / 1e8)
+
+
+def test_fit_refuses_what_it_cannot_fit_and_says_why():
+    err = [{"op": "reduce_scatter", "bytes": b, "seconds": None,
+            "error": "RuntimeError: Unsupported op [ReduceScatter] on CPU"} for b in SIZES]
+    with pytest.raises(ValueError, match="Unsupported op"):
+        fit_alpha_beta(err, "reduce_scatter")
+    with pytest.raises(ValueError, match="at least 2 sizes"):
+        fit_alpha_beta(_rows(1e-3, 1e8, [4096]), "all_reduce")
+    with pytest.raises(ValueError, match="does not grow"):
+        fit_alpha_beta([{"op": "broadcast", "bytes": b, "seconds": 0.01 - b * 1e-10} for b in SIZES], "broadcast")
+    with pytest.raises(ValueError, match="weighting"):
+        fit_alpha_beta(_rows(1e-3, 1e8, SIZES), "all_reduce", weighting="huber")
+
+
+# ---------------------------------------------------------------- Hardware: measured and cited
+def test_hardware_from_measurement_gives_back_the_measured_time():
+    rows = _rows(4e-3, 9e7, SIZES)
+    hw = Hardware.from_measurement(rows, peak_flops_per_device=2e11)
+    assert hw.name == "this machine (measured)" and hw.devices_per_node == 2
+    assert hw.intra_node_latency_s == pytest.approx(4e-3)
+    # 2 ranks: a ring all-reduce sends 2(n-1)/n = 1 byte per buffer byte, so the link bandwidth is beta
+    assert hw.intra_node_bytes_per_s == pytest.approx(9e7)
+    for b in SIZES:
+        assert collective_time("all_reduce", b, 2, hw) == pytest.approx(4e-3 + b / 9e7)
+    assert "measured" in hw.source("intra_node_bytes_per_s") and "not measured" in hw.source("inter_node_bytes_per_s")
+    assert {r["figure"] for r in hw.table()} >= {"peak_flops_per_device", "intra_node_bytes_per_s"}
+    # 4 ranks: all-gather's (n-1)/n
+    hw4 = Hardware.from_measurement(fit_alpha_beta(_rows(1e-3, 1e8, SIZES, op="all_gather"), "all_gather"),
+                                    peak_flops_per_device=1e11, group_size=4)
+    assert hw4.intra_node_bytes_per_s == pytest.approx(0.75e8)
+    assert collective_time("all_gather", 1 << 20, 4, hw4) == pytest.approx(1e-3 + (1 << 20) / 1e8)
+    with pytest.raises(ValueError, match="peak_flops_per_device"):
+        Hardware.from_measurement(rows, peak_flops_per_device=0)
+
+
+@pytest.mark.parametrize("name", ["ascend-910b", "a100-sxm", "h100-sxm"])
+def test_reference_profiles_cite_every_figure(name):
+    hw = Hardware.reference(name)
+    assert hw is REFERENCE_HARDWARE[name]
+    for f in ("peak_flops_per_device", "intra_node_bytes_per_s", "inter_node_bytes_per_s", "devices_per_node"):
+        src = hw.source(f)
+        assert src != "assumed", f
+        if f != "devices_per_node":
+            assert "http" in src or "Hot Chips" in src, (f, src)
+    assert hw.intra_node_bytes_per_s > hw.inter_node_bytes_per_s > 0
+    with pytest.raises(ValueError, match="h100-sxm"):
+        Hardware.reference("tpu")
+
+
+def test_nvidia_figures_are_per_direction_datasheet_values():
+    a, h = Hardware.reference("a100-sxm"), Hardware.reference("h100-sxm")
+    assert (a.peak_flops_per_device, a.intra_node_bytes_per_s, a.inter_node_bytes_per_s) == (312e12, 300e9, 25e9)
+    assert (h.peak_flops_per_device, h.intra_node_bytes_per_s, h.inter_node_bytes_per_s) == (989.5e12, 450e9, 50e9)
+    assert "datasheet" in a.source("peak_flops_per_device") and "not a Huawei datasheet" in \
+        Hardware.reference("ascend-910b").source("peak_flops_per_device")
+
+
+def test_latency_enters_the_step_time_only_when_given():
+    lay = make_layout(L7, 2, 4, 4, 8, global_batch=64, seq_len=4096)
+    base = Hardware(1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=1e10)
+    slow = Hardware(1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=1e10, intra_node_latency_s=1e-3,
+                    inter_node_latency_s=1e-2)
+    a = estimate_step_time(L7, lay, base, global_batch=64, seq_len=4096)
+    b = estimate_step_time(L7, lay, slow, global_batch=64, seq_len=4096)
+    n_tp = 8 * (parallel.tp_allreduces_per_micro_batch(32 // 4) - 1)
+    assert b["tp_comm_s"] - a["tp_comm_s"] == pytest.approx(n_tp * 1e-3)       # 4-way tp inside a node
+    assert b["dp_comm_s"] - a["dp_comm_s"] == pytest.approx(1e-3)              # dp span 8: inside
+    assert b["pp_comm_s"] - a["pp_comm_s"] == pytest.approx(2 * 8 * 1e-2)      # stages 8 ranks apart: across
+
+
+# ---------------------------------------------------------------- pipeline: bubble
+PM = [(2, 2), (2, 6), (4, 4), (4, 8), (4, 16), (8, 8), (8, 32), (3, 7)]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", PM)
+def test_gpipe_and_1f1b_bubble(schedule, p, m):
+    sim = simulate_pipeline(p, m, schedule)
+    assert sim["idle_fraction"] == pytest.approx((p - 1) / (m + p - 1), abs=1e-12)
+    assert sim["makespan"] == pytest.approx((m + p - 1) * 3.0)
+
+
+@pytest.mark.parametrize("order", ["standard", "memory"])
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 4, 2), (4, 8, 2), (4, 8, 4), (4, 16, 2), (8, 16, 2), (8, 8, 4),
+                                   (4, 12, 3), (3, 6, 2)])
+def test_interleaved_bubble_when_m_is_a_multiple_of_p(order, p, m, v):
+    sim = simulate_pipeline(p, m, "interleaved", virtual_stages=v, interleaved_order=order)
+    expect = (p - 1) / (v * m + p - 1)
+    assert sim["idle_fraction"] == pytest.approx(expect, abs=1e-12)
+    assert pipeline_bubble_fraction(p, m, virtual_stages=v) == pytest.approx(expect)
+    assert len(sim["ops"]) == 2 * p * m * v and len(sim["chunks"]) == len(sim["ops"])
+    assert sorted(set(sim["chunks"])) == list(range(v))
+    # each (stage, kind, micro-batch, chunk) runs exactly once
+    assert len({(o[0], o[1], o[2], c) for o, c in zip(sim["ops"], sim["chunks"])}) == len(sim["ops"])
+
+
+def test_interleaved_with_one_chunk_is_a_pipeline_with_the_plain_bubble():
+    sim = simulate_pipeline(4, 8, "interleaved", virtual_stages=1)
+    assert sim["idle_fraction"] == pytest.approx(pipeline_bubble_fraction(4, 8))
+
+
+def test_interleaving_shrinks_the_bubble_by_v():
+    b1 = simulate_pipeline(4, 8, "1f1b")["makespan"] - 8 * 3.0
+    b2 = simulate_pipeline(4, 8, "interleaved", 2)["makespan"] - 8 * 3.0
+    assert b2 == pytest.approx(b1 / 2)
+
+
+# ---------------------------------------------------------------- pipeline: micro-batches in flight
+@pytest.mark.parametrize("p,m", PM)
+def test_in_flight_gpipe_holds_all_and_1f1b_holds_p_minus_stage(p, m):
+    g = simulate_pipeline(p, m, "gpipe")
+    assert g["peak_in_flight"][0] == m and g["peak_in_flight"] == [m] * p
+    f = simulate_pipeline(p, m, "1f1b")
+    assert f["peak_in_flight"] == [min(p - s, m) for s in range(p)]
+    assert pipeline_in_flight(p, m, "gpipe") == g["peak_in_flight"]
+    assert pipeline_in_flight(p, m, "1f1b") == f["peak_in_flight"]
+
+
+@pytest.mark.parametrize("order", ["standard", "memory"])
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 4, 2), (4, 8, 2), (4, 8, 4), (4, 10, 2), (8, 16, 2), (4, 12, 3)])
+def test_in_flight_interleaved_matches_mindspore_warmup(order, p, m, v):
+    """MindSpore's InterleavedScheduler: bias = (p + m%p)(v-1) + k(p-s-1) warm-up forwards (k = 2 standard,
+    1 memory-optimised), then one forward / one backward: a stage holds bias+1 chunks at its peak."""
+    sim = simulate_pipeline(p, m, "interleaved", v, interleaved_order=order)
+    k = 2 if order == "standard" else 1
+    chunks = [min((p + m % p) * (v - 1) + k * (p - s - 1) + 1, m * v) for s in range(p)]
+    assert sim["peak_in_flight_chunks"] == chunks
+    assert sim["peak_in_flight"] == pytest.approx([c / v for c in chunks])
+    assert pipeline_in_flight(p, m, "interleaved", v, interleaved_order=order) == pytest.approx(sim["peak_in_flight"])
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 16, 4), (8, 32, 2), (8, 16, 4)])
+def test_first_stage_in_flight_matches_korthikanti_for_interleaving(p, m, v):
+    # Korthikanti et al. 2022, sec. 4.2.3: interleaving makes the first stage hold p·(1 + (p-1)/(p·v)) micro-batches
+    assert pipeline_in_flight(p, m, "interleaved", v)[0] == pytest.approx(p * (1 + (p - 1) / (p * v)))
+    assert pipeline_in_flight(p, m, "interleaved", v, interleaved_order="memory")[0] == pytest.approx(p)
+
+
+def test_activation_bytes_follow_the_in_flight_count():
+    assert pipeline_activation_bytes(1000, 4, 8, "gpipe") == 8000
+    assert pipeline_activation_bytes(1000, 4, 8, "1f1b") == 4000
+    assert pipeline_activation_bytes(1000, 4, 8, "1f1b", stage=3) == 1000
+    assert pipeline_activation_bytes(1000, 4, 8, "interleaved", 2) == 5500
+    with pytest.raises(ValueError, match="stage=4"):
+        pipeline_activation_bytes(1000, 4, 8, stage=4)
+
+
+def test_stage_activation_bytes_agrees_with_the_memory_estimate_for_1f1b():
+    from mshelpers import memory
+    lay = make_layout(L7, 2, 4, 4, 8, global_batch=64, seq_len=4096)
+    one = stage_activation_bytes(L7, lay, "1f1b", seq_len=4096)
+    run = L7.replace(batch_size=64, seq_len=4096)
+    est = memory.estimate(run, n_devices=32, layout=lay)
+    assert one["in_flight"] == 4 and one["per_layer_bytes"] == est["activations_per_layer"]
+    stored = est["activations"] - est["output_activations"] - est["recompute_working_set"]
+    assert one["bytes"] == stored
+    gp = stage_activation_bytes(L7, lay, "gpipe", seq_len=4096)
+    il = stage_activation_bytes(L7, lay, "interleaved", 2, seq_len=4096)
+    assert gp["bytes"] == 2 * one["bytes"] and il["bytes"] == math.ceil(one["micro_batch_bytes"] * 5.5)
+    with pytest.raises(ValueError, match="virtual_stages"):
+        stage_activation_bytes(L7, lay, "interleaved", 3, seq_len=4096)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(schedule="zb"), "schedule='zb'"),
+    (dict(schedule="1f1b", virtual_stages=2), "needs schedule='interleaved'"),
+    (dict(schedule="interleaved", virtual_stages=2, interleaved_order="vpp"), "interleaved_order"),
+])
+def test_schedule_arguments_are_checked(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        simulate_pipeline(4, 8, **kwargs)
+    with pytest.raises(ValueError, match="micro_batches=2 < pp=4"):
+        simulate_pipeline(4, 2, "interleaved", 2)
+
+
+def test_backward_compatible_ops_are_five_tuples():
+    sim = simulate_pipeline(3, 5, schedule="1f1b", forward_time=1.0, backward_time=2.0)
+    assert all(len(o) == 5 for o in sim["ops"]) and {o[1] for o in sim["ops"]} == {"F", "B"}
+    assert pipeline_bubble_fraction(4, 12) == 0.2
+
+
+# ---------------------------------------------------------------- a real 2-rank measurement (msrun, ~30 s)
+def test_two_rank_measurement_gives_a_time_or_a_reason_for_every_op(tmp_path):
+    sizes = [4096, 65536, 1 << 20]
+    ops = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+    rows = parallel.measure_collectives(2, sizes=sizes, ops=ops, repeats=3, log_dir=tmp_path)
+    assert [(r["op"], r["bytes"]) for r in rows] == [(o, b) for o in ops for b in sizes]
+    for r in rows:
+        assert r["ranks"] == 2 and r["api"].startswith("ops.")
+        if r.get("error"):
+            assert r["seconds"] is None and len(r["error"]) > 10
+        else:
+            assert r["seconds"] > 0 and r["repeats"] >= 3 and len(r["rank_medians_s"]) == 2
+            assert r["min_s"] <= r["seconds"] <= r["max_s"]
+    ok = {r["op"] for r in rows if not r.get("error")}
+    assert {"all_reduce", "all_gather"} <= ok          # these run on CPU (platform notes)
+    rs = [r for r in rows if r["op"] == "reduce_scatter"]
+    if any(r.get("error") for r in rs):                 # on CPU: "Unsupported op [ReduceScatter] on CPU"
+        assert all("ReduceScatter" in r["error"] or "another rank" in r["error"] for r in rs)
+    alpha, beta = fit_alpha_beta(rows, "all_reduce")
+    assert alpha >= 0 and beta > 0
+
+
+def test_measure_collectives_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="ranks=1"):
+        parallel.measure_collectives(1)
+    with pytest.raises(ValueError, match="all_to_all"):
+        parallel.measure_collectives(2, ops=["all_to_all"])
+    with pytest.raises(ValueError, match="sizes"):
+        parallel.measure_collectives(2, sizes=[])
