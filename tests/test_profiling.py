@@ -147,3 +147,19 @@ def test_plots_draw(plain_run, slow_data_run):
     assert len(ax.patches) == 4                                   # 3 types + "other"
     ax = P.plot_step_timeline(slow_data_run, step=1)
     assert ax.get_yticklabels()[-1].get_text() == "data_fn"       # data fetch drawn on top
+
+
+def test_find_profile_dirs_oldest_first(tmp_path):
+    import os
+    old = tmp_path / "a" / "host_1_20260101_ascend_ms"
+    new = tmp_path / "b" / "deep" / "host_2_20260102_ascend_ms"
+    mid = tmp_path / "c_ascend_ms"
+    for d, t in ((old, 1_000_000), (new, 3_000_000), (mid, 2_000_000)):
+        d.mkdir(parents=True)
+        os.utime(d, (t, t))
+    (tmp_path / "b" / "not_ascend_ms_either").mkdir()
+    (tmp_path / "x_ascend_ms.txt").write_text("a file, not a run")
+    assert P.find_profile_dirs(tmp_path) == [old, mid, new]
+    assert P.find_profile_dirs(str(tmp_path / "b")) == [new]
+    assert P.find_profile_dirs(new) == [new]                  # a run folder itself
+    assert P.find_profile_dirs(tmp_path / "empty") == []

@@ -46,3 +46,26 @@ def test_write_report_is_standalone(tmp_path):
     html = paths["html"].read_text()
     assert "<td>1</td>" in html and "data:image/png;base64," in html
     assert "![Plot](figure_1.png)" in paths["markdown"].read_text() and (tmp_path / "figure_1.png").exists()
+
+
+def test_figure_png_is_a_base64_png_at_110_dpi():
+    import base64
+    import struct
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mshelpers.report import figure_png
+    fig, ax = plt.subplots(figsize=(4, 2))
+    ax.plot([0, 1], [0, 1])
+    ax.set_axis_off()
+    fig.subplots_adjust(0, 0, 1, 1)
+    encoded = figure_png(fig)
+    plt.close(fig)
+    assert isinstance(encoded, str) and encoded.isascii()
+    raw = base64.b64decode(encoded, validate=True)
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n" and raw[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", raw[16:24])
+    # 4 x 2 inches at 110 dpi, plus the tight bbox's 0.1-inch pad each side: 4.2 x 2.2 inches
+    assert (width, height) == pytest.approx((462, 242), abs=3)
