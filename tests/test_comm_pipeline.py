@@ -52,9 +52,27 @@ def test_fit_reports_residuals_of_noisy_rows_and_relative_weighting_respects_sma
     assert max(r["ratio"] for r in ab.residuals[:3]) >= max(r["ratio"] for r in rel.residuals[:3]) - 1e-12
 
 
+@pytest.mark.parametrize("weighting", ["relative", "absolute"])
+def test_fit_is_the_least_squares_minimum_of_its_weighting(weighting):
+    noise = [1.5, 0.7, 1.3, 0.8, 1.1, 0.9, 1.2]
+    rows = _rows(5e-3, 1e8, SIZES, noise=noise)
+    fit = fit_alpha_beta(rows, "all_reduce", weighting=weighting)
+
+    def loss(a, inv_b):
+        return sum(((r["seconds"] - a - r["bytes"] * inv_b) / (r["seconds"] if weighting == "relative" else 1)) ** 2
+                   for r in rows)
+    a0, s0 = fit.alpha_s, 1 / fit.beta_bytes_per_s
+    assert a0 > 0
+    for da, ds in ((1e-4, 0), (-1e-4, 0), (0, s0 * 1e-3), (0, -s0 * 1e-3), (1e-4, -s0 * 1e-3)):
+        assert loss(a0 + da, s0 + ds) > loss(a0, s0)
+    other = fit_alpha_beta(rows, "all_reduce", weighting="absolute" if weighting == "relative" else "relative")
+    assert (other.alpha_s, other.beta_bytes_per_s) != pytest.approx((a0, fit.beta_bytes_per_s), rel=1e-3)
+
+
 def test_fit_pins_negative_latency_at_zero_and_skips_errors_and_held_out_sizes():
     rows = [{"op": "all_gather", "bytes": b, "seconds": b / 1e8 - 1e-4} for b in (1 << 20, 4 << 20, 16 << 20)]
     rows += [{"op": "all_gather", "bytes": 64 << 20, "seconds": None, "error": "RuntimeError: x"},
+             {"op": "all_gather", "bytes": 32 << 20, "seconds": 50.0, "error": "partial: rank 1 timed out"},
              {"op": "all_reduce", "bytes": 1 << 20, "seconds": 99.0}]
     fit = fit_alpha_beta(rows, "all_gather")
     assert fit.alpha_s == 0.0 and fit.n_points == 3 and fit.beta_bytes_per_s == pytest.approx(1e8, rel=0.01)
