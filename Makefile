@@ -31,6 +31,7 @@ test: unit nbval
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests --ignore=tests/e2e
+	$(BIN)/pytest -q --doctest-modules mshelpers -rs
 
 nbval: $(STAMP)
 	$(BIN)/pytest -q --nbval-lax --nbval-cell-timeout=900 --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
