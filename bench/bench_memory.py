@@ -15,7 +15,7 @@ import argparse
 import time
 
 from mshelpers.config import RunConfig, build_dir
-from mshelpers.metrics import measure_peak_flops
+from mshelpers.metrics import peak_flops as cached_peak_flops
 from mshelpers.memory import calibrate, estimate, measure_peak, train_for_peak
 from mshelpers.table import append_csv, markdown_table
 
@@ -37,7 +37,7 @@ def main() -> None:
     mib = 2**20
     rows, fits = [], {}
     # measured once here: left to train(), every child would hold its 2048x2048 probe matrices in the peak
-    peak_flops = measure_peak_flops(n=1024, repeats=4)
+    peak_flops = cached_peak_flops()
     for mode in args.modes:
         base_cfgs, base_peaks = [], []
         for b, s, rc, acc in GRID[:args.limit]:

@@ -7,7 +7,7 @@ Every side trains the 3,688,704-parameter mini LLaMA (hidden 256, 4 layers, 4 he
 vocab 1024) at batch 8 x seq 128 with AdamW at a constant learning rate, each run in a fresh
 process. The sides alternate (their order rotates every repeat), so a load spike hits all of
 them; the figure per side is the median over every steady step of every repeat. MFU uses
-mshelpers.metrics.measure_peak_flops(), measured in the same run. The last line printed is
+mshelpers.metrics.peak_flops(), the cached per-machine peak. The last line printed is
 `ratio mindspore/pytorch_eager tokens/s: X.XX`. Rows go to build/bench/compare_pytorch.csv.
 PyTorch is a benchmark-only extra: pip install -r bench/requirements.txt.
 """
@@ -180,12 +180,12 @@ def equivalence(steps: int = 3) -> dict:
 
 
 def ms_peak_flops() -> float:
-    from mshelpers.metrics import measure_peak_flops
-    return measure_peak_flops()
+    from mshelpers.metrics import peak_flops
+    return peak_flops()     # the cookbook's one denominator: measured once per machine, cached
 
 
 def torch_peak_flops(n: int = 2048, repeats: int = 8) -> float:
-    """The same timed n x n float32 matmul as measure_peak_flops(), through PyTorch's kernel."""
+    """A timed n x n float32 matmul through PyTorch's kernel, to set beside peak_flops()."""
     import torch
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
@@ -311,13 +311,13 @@ def main(argv: list[str] | None = None) -> int:
     pooled = alternate(sides, a.repeats, a.steps, a.warmup)
     peak = max(peak_before, run_isolated(ms_peak_flops).value)   # best of two probes, before and after
     # MindSpore's and PyTorch's CPU matmul kernels differ on this machine, so the hardware's practical
-    # peak is the faster of the two; mfu uses measure_peak_flops() (MindSpore's), as the notebooks do.
+    # peak is the faster of the two; mfu uses peak_flops() (MindSpore's, cached), as the notebooks do.
     torch_peak = 0.0 if a.candidates else run_isolated(torch_peak_flops, env=TORCH_ENV).value
     rows = rows_for(pooled, peak, fpt, max(peak, torch_peak))
     when = time.strftime("%Y-%m-%d %H:%M")
     csv = build_dir("bench") / ("ms_candidates.csv" if a.candidates else "compare_pytorch.csv")
     print(f"mini LLaMA, {N_PARAMS:,} parameters, batch {BATCH} x seq {SEQ}; {a.repeats} repeats x {a.steps} "
-          f"steady steps per side; peak {peak / 1e9:.0f} GFLOP/s (measure_peak_flops, MindSpore's matmul)"
+          f"steady steps per side; peak {peak / 1e9:.0f} GFLOP/s (peak_flops(), compiled MindSpore MatMuls, cached)"
           + (f", {torch_peak / 1e9:.0f} GFLOP/s (the same matmul in PyTorch); " if torch_peak else "; ")
           + f"{fpt / 1e6:.2f} MFLOP/token")
     print(markdown_table(rows, digits=4))

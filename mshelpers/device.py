@@ -30,13 +30,19 @@ class DeviceUnavailable(RuntimeError):
 
 
 def _available(target: str) -> bool:
+    import logging
     import mindspore as ms
-    # is_available prints loader noise for absent plugins; keep notebook output clean.
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        try:
+    # is_available logs the plugin loader's errors ("libmindspore_ops_ascend.so failed") through a
+    # handler bound to the real stderr, so redirecting sys.stderr is not enough: mute logging for the call.
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             return bool(ms.hal.is_available(target))
-        except Exception:  # noqa: BLE001 - a missing plugin means "not available"
-            return False
+    except Exception:  # noqa: BLE001 - a missing plugin means "not available"
+        return False
+    finally:
+        logging.disable(previous)
 
 
 def detect() -> str:

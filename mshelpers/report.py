@@ -226,8 +226,8 @@ def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_fl
 
     Returns the run's summary (health, efficiency, stability) with `peak_mem_mb` taken at the
     run's last step, before anything else runs in the process. When seed == resume_seed it also
-    runs `resume_check` on the same config (warm-up 2 steps, a dynamic loss scale starting at
-    2**127, which overflows in float32 and float16 alike, so the scale changes before the checkpoint).
+    runs `resume_check` on the same config (warm-up 2 steps, a dynamic loss scale that starts high
+    enough to overflow, so the scale changes before the checkpoint).
     """
     from .config import RunConfig
     from .train import train
@@ -237,7 +237,10 @@ def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_fl
     s = h.summary()
     s["csv"] = str(h.csv_path)
     if resume_seed is not None and seed == resume_seed:
-        rc = cfg.replace(warmup_steps=2, dynamic_loss_scale=True, loss_scale=2.0 ** 127)
+        # a start that overflows for a few steps: float32 overflows near 2**127; a float16 backward overflows
+        # once scale / tokens exceeds 65504, i.e. from about 2**26 at 1024 tokens
+        start = 2.0 ** 127 if cfg.compute_dtype == "float32" else 2.0 ** 28
+        rc = cfg.replace(warmup_steps=2, dynamic_loss_scale=True, loss_scale=start)
         s["resume"] = resume_check(rc, resume_n, Path(csv_dir) / "resume" / cfg.name)
     return s
 
