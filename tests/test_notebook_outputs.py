@@ -1,0 +1,93 @@
+"""Hygiene of the committed notebooks: what a reader sees must be clean and must agree with itself.
+
+Fails on: an error output or a traceback; MindSpore/mindformers loader noise; more than one distinct MFU peak
+figure across the notebooks; an MFU above 1 (100 %) in any printed table or line. The one deliberate exception
+is 09's check of a published claim, whose cell says "deliberately impossible".
+"""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOISE = ("libmindspore_ops_ascend", "hyper_parallel", "libge_runner.so")
+PEAK = re.compile(r"(?:peak_flops\(\) =|peak used for every MFU:) ([0-9][0-9,.]*) GFLOP/s")
+NUMBER = re.compile(r"-?[0-9][0-9,]*\.?[0-9]*(?:e[-+]?[0-9]+)?")
+
+
+def texts(cell):
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "stream":
+            yield "".join(o["text"])
+        for mime in ("text/plain", "text/markdown", "text/html"):
+            if mime in o.get("data", {}):
+                yield "".join(o["data"][mime])
+        if o.get("output_type") == "error":
+            yield "".join(o.get("traceback", []))
+
+
+def cells(nb_path):
+    return [c for c in json.loads(nb_path.read_text())["cells"] if c["cell_type"] == "code"]
+
+
+def mfu_values(text):
+    """MFU figures in Markdown tables (a column headed MFU) and in 'MFU ... N%' / 'MFU = x' lines."""
+    out = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("|") and i + 1 < len(lines) and set(lines[i + 1].replace("|", "").strip()) <= set("-: "):
+            head = [h.strip() for h in line.strip().strip("|").split("|")]
+            cols = [j for j, h in enumerate(head) if "MFU" in h]
+            for row in lines[i + 2:]:
+                if not row.lstrip().startswith("|"):
+                    break
+                vals = [v.strip() for v in row.strip().strip("|").split("|")]
+                for j in cols:
+                    m = NUMBER.search(vals[j]) if j < len(vals) else None
+                    if m:
+                        v = float(m.group().replace(",", ""))
+                        out.append(v / 100 if "%" in head[j] else v)
+    for m in re.finditer(r"MFU[^\n|]*?([0-9]+\.?[0-9]*)\s*%", text):
+        out.append(float(m.group(1)) / 100)
+    return out
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_errors_tracebacks_or_loader_noise(nb):
+    for c in cells(nb):
+        assert not any(o.get("output_type") == "error" for o in c.get("outputs", [])), f"{nb.name}: error output"
+        for t in texts(c):
+            assert "Traceback (most recent call last)" not in t, f"{nb.name}: traceback in\n{t[:500]}"
+            for noise in NOISE:
+                assert noise not in t, f"{nb.name}: loader noise {noise!r} in\n{t[:300]}"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_mfu_above_one(nb):
+    for c in cells(nb):
+        if "deliberately impossible" in "".join(c["source"]):
+            continue                      # 09's published-claim check warns on purpose
+        for t in texts(c):
+            assert "is impossible" not in t, f"{nb.name}: mfu() warned:\n{t[:400]}"
+            bad = [v for v in mfu_values(t) if v > 1]
+            assert not bad, f"{nb.name}: MFU above 1 against the machine's peak: {bad}"
+
+
+def test_one_peak_figure_across_notebooks():
+    found = {}
+    for nb in NOTEBOOKS:
+        for c in cells(nb):
+            for t in texts(c):
+                for m in PEAK.finditer(t):
+                    found.setdefault(m.group(1), set()).add(nb.stem)
+    assert found, "no notebook prints its MFU denominator"
+    assert len(found) == 1, f"more than one peak figure: {found}"
+
+
+def test_the_checks_can_fail():
+    # each detector fires on the thing it is meant to catch
+    assert mfu_values("| run | MFU (%) |\n|---|---|\n| a | 112.5 |") == [1.125]
+    assert mfu_values("| run | MFU |\n|---|---|\n| a | 0.42 (0.40–0.44) |") == [0.42]
+    assert mfu_values("MFU against the one CPU: 129.4%") == [1.294]
+    assert PEAK.findall("MFU denominator: peak_flops() = 173.4 GFLOP/s (cached)") == ["173.4"]
