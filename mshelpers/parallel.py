@@ -42,7 +42,8 @@ Communication measured, not assumed:
 
 Pipeline schedules played out, with the micro-batches each stage holds:
     >>> sim = simulate_pipeline(4, 8, "interleaved", virtual_stages=2)
-    >>> round(sim["idle_fraction"], 4) == round(pipeline_bubble_fraction(4, 8, virtual_stages=2), 4), sim["peak_in_flight"]
+    >>> bubble = pipeline_bubble_fraction(4, 8, virtual_stages=2)         # (p-1)/(v·m+p-1)
+    >>> round(sim["idle_fraction"], 4) == round(bubble, 4), sim["peak_in_flight"]
     (True, [5.5, 4.5, 3.5, 2.5])
 """
 from __future__ import annotations
@@ -182,6 +183,9 @@ class Layout:
     activation_bytes: int = 0
     fits: bool | None = None              # within memory_budget_bytes, if one was given
     step_time: dict | None = field(default=None, compare=False)   # estimate_step_time(...) if hardware given
+    schedule: str = "1f1b"                # pipeline schedule the bubble and activation memory assume
+    virtual_stages: int = 1               # model chunks per device (interleaved schedule)
+    interleaved_order: str = "standard"
 
     @property
     def n_devices(self) -> int:
@@ -189,7 +193,9 @@ class Layout:
 
     @property
     def name(self) -> str:
-        return f"{self.dp}dp×{self.mp}mp×{self.pp}pp m={self.micro_batches}"
+        extra = "" if (self.schedule, self.virtual_stages) == ("1f1b", 1) else \
+            f" {self.schedule}" + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "")
+        return f"{self.dp}dp×{self.mp}mp×{self.pp}pp m={self.micro_batches}{extra}"
 
     def row(self, unit: float = 2**30) -> dict:
         """A table row; sizes in GiB by default."""
@@ -329,7 +335,8 @@ REFERENCE_HARDWARE: dict[str, Hardware] = {
     "a100-sxm": Hardware(
         peak_flops_per_device=312e12, intra_node_bytes_per_s=300e9, inter_node_bytes_per_s=25e9,
         devices_per_node=8, compute_efficiency=0.5, name="NVIDIA A100 SXM4 (DGX A100: NVLink 3 + HDR InfiniBand)",
-        sources=(("peak_flops_per_device", "datasheet: BF16 Tensor Core 312 TFLOPS dense (624 with sparsity); " + _A100_DS),
+        sources=(("peak_flops_per_device", "datasheet: BF16 Tensor Core 312 TFLOPS dense (624 with sparsity); "
+                  + _A100_DS),
                  ("intra_node_bytes_per_s", "datasheet: NVLink 600 GB/s bidirectional = 300 GB/s per direction "
                                             "(12 links x 50 GB/s); " + _A100_DS),
                  ("inter_node_bytes_per_s", "datasheet: DGX A100 has one 200 Gb/s HDR InfiniBand ConnectX-6 port per "
@@ -404,25 +411,46 @@ def estimate_step_time(cfg: Any, layout: Layout, hardware: Hardware, *, global_b
 
 def make_layout(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int = 1, *, global_batch: int,
                 seq_len: int | None = None, zero_stage: int = 0, sequence_parallel: bool = False,
-                memory_budget_bytes: float | None = None, hardware: Hardware | None = None) -> Layout:
-    """Cost one layout (validated first). `plan_parallel_layout` calls this for every candidate."""
+                memory_budget_bytes: float | None = None, hardware: Hardware | None = None,
+                schedule: str = "1f1b", virtual_stages: int = 1, interleaved_order: str = "standard") -> Layout:
+    """Cost one layout (validated first). `plan_parallel_layout` calls this for every candidate.
+
+    With pp > 1, `schedule` (and `virtual_stages`, `interleaved_order` for "interleaved") sets
+    the bubble, (p-1)/(v·m+p-1), and the first stage's activation memory: `mshelpers.memory.estimate`
+    counts 1F1B's min(p, m) micro-batches, and the difference to `pipeline_in_flight(...)[0]`
+    micro-batches of the stage's layers is added (GPipe holds all m; interleaved p + (p-1)/v).
+    """
     s = seq_len or _cfg_int(cfg, "seq_len")
     validate_layout(cfg, dp, mp, pp, micro_batches, n_devices=dp * mp * pp, global_batch=global_batch)
+    _pos("make_layout", "virtual_stages", virtual_stages)
+    _check_schedule("make_layout", pp, micro_batches, schedule, virtual_stages, interleaved_order)
+    if schedule == "interleaved" and (pp == 1 or _cfg_int(cfg, "num_layers") % (pp * virtual_stages)):
+        raise ValueError(f"make_layout: interleaved with pp={pp}, virtual_stages={virtual_stages} needs pp > 1 and "
+                         f"pp*virtual_stages dividing num_layers={cfg.num_layers}; fix: use a virtual_stages "
+                         f"dividing {_cfg_int(cfg, 'num_layers') // pp} with pp > 1")
     from . import memory
     run = cfg.replace(batch_size=global_batch, seq_len=s, dp=1, mp=1, pp=1, micro_batches=1)
     ns = SimpleNamespace(dp=dp, mp=mp, pp=pp, micro_batches=micro_batches)
     est = memory.estimate(run, n_devices=dp * mp * pp, layout=ns, zero_stage=zero_stage,
                           sequence_parallel=sequence_parallel)
+    extra = 0                                     # the schedule's in-flight count against estimate's 1F1B
+    if pp > 1 and (schedule, virtual_stages) != ("1f1b", 1):
+        held = pipeline_in_flight(pp, micro_batches, schedule, virtual_stages,
+                                  interleaved_order=interleaved_order)[0]
+        stage = est["activations_per_layer"] * (_cfg_int(cfg, "num_layers") // pp)
+        extra = math.ceil((held - min(pp, micro_batches)) * stage)
+    total = est["total"] + extra
     comm = communication_bytes(cfg, dp, mp, pp, micro_batches, global_batch=global_batch, seq_len=s,
                                zero_stage=zero_stage)
     lay = Layout(dp=dp, mp=mp, pp=pp, micro_batches=micro_batches,
                  micro_batch_size=global_batch // (dp * micro_batches),
-                 memory_per_device_bytes=est["total"], comm_bytes_per_step=comm["total"],
-                 bubble_fraction=pipeline_bubble_fraction(pp, micro_batches),
+                 memory_per_device_bytes=total, comm_bytes_per_step=comm["total"],
+                 bubble_fraction=pipeline_bubble_fraction(pp, micro_batches, virtual_stages),
                  comm_dp_bytes=comm["dp"], comm_tp_bytes=comm["tp"], comm_pp_bytes=comm["pp"],
                  model_state_bytes=est["params"] + est["grads"] + est["optimizer_states"],
-                 activation_bytes=est["activations"],
-                 fits=None if memory_budget_bytes is None else est["total"] <= memory_budget_bytes)
+                 activation_bytes=est["activations"] + extra,
+                 fits=None if memory_budget_bytes is None else total <= memory_budget_bytes,
+                 schedule=schedule, virtual_stages=virtual_stages, interleaved_order=interleaved_order)
     if hardware is not None:
         lay = _with_time(lay, cfg, hardware, global_batch, s)
     return lay
@@ -431,8 +459,14 @@ def make_layout(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int = 1, *, 
 def plan_parallel_layout(cfg: Any, n_devices: int, *, global_batch: int, seq_len: int | None = None,
                          micro_batches: Iterable[int] | None = None, max_micro_batches: int = 32,
                          zero_stage: int = 0, sequence_parallel: bool = False,
-                         memory_budget_bytes: float | None = None, hardware: Hardware | None = None) -> list[Layout]:
+                         memory_budget_bytes: float | None = None, hardware: Hardware | None = None,
+                         schedule: str = "1f1b", virtual_stages: int = 1,
+                         interleaved_order: str = "standard") -> list[Layout]:
     """Every valid (dp, mp, pp, micro_batches) on `n_devices`, costed and sorted best first.
+
+    `schedule`/`virtual_stages`/`interleaved_order` apply to the layouts with pp > 1 (see
+    `make_layout`); with "interleaved", pp values that pp·virtual_stages does not fit in the
+    layers are skipped, and layouts with pp = 1 keep the plain costs.
 
     `micro_batches` restricts the micro-batch counts tried (default: every count up to
     `max_micro_batches` that divides the per-dp batch; with pp = 1 it is gradient
@@ -466,9 +500,13 @@ def plan_parallel_layout(cfg: Any, n_devices: int, *, global_batch: int, seq_len
                     validate_layout(cfg, dp, mp, pp, m, n_devices=n_devices, global_batch=global_batch)
                 except ValueError:
                     continue
+                sched = dict(schedule=schedule, virtual_stages=virtual_stages,
+                             interleaved_order=interleaved_order) if pp > 1 else {}
+                if sched and schedule == "interleaved" and cfg.num_layers % (pp * virtual_stages):
+                    continue
                 out.append(make_layout(cfg, dp, mp, pp, m, global_batch=global_batch, seq_len=seq_len,
                                        zero_stage=zero_stage, sequence_parallel=sequence_parallel,
-                                       memory_budget_bytes=memory_budget_bytes, hardware=hardware))
+                                       memory_budget_bytes=memory_budget_bytes, hardware=hardware, **sched))
     if not out:
         raise ValueError(f"{fn}: no valid layout for n_devices={n_devices}, global_batch={global_batch} with "
                          f"num_heads={cfg.num_heads}, ffn_hidden_size={cfg.ffn_hidden_size}, "
@@ -719,7 +757,7 @@ def check_shards(per_rank_ids: Sequence[Iterable[Any]], full_ids: Iterable[Any] 
     return out
 
 
-# ---------------------------------------------------------------- pipeline schedules: bubble and micro-batches in flight
+# ---------------------------------------------------------------- pipeline schedules: bubble, micro-batches in flight
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 INTERLEAVED_ORDERS = ("standard", "memory")
 

@@ -243,6 +243,34 @@ def test_stage_activation_bytes_agrees_with_the_memory_estimate_for_1f1b():
         stage_activation_bytes(L7, lay, "interleaved", 3, seq_len=4096)
 
 
+def test_the_planner_costs_a_layout_under_its_schedule():
+    from mshelpers.parallel import plan_parallel_layout
+    kw = dict(global_batch=64, seq_len=4096)
+    base = make_layout(L7, 2, 4, 4, 8, **kw)
+    assert make_layout(L7, 2, 4, 4, 8, schedule="1f1b", **kw) == base           # the default is 1F1B
+    stage = stage_activation_bytes(L7, base, "1f1b", seq_len=4096)["micro_batch_bytes"]
+    for sched, v, order, held in (("gpipe", 1, "standard", 8), ("interleaved", 2, "standard", 5.5),
+                                  ("interleaved", 4, "standard", 4.75), ("interleaved", 2, "memory", 4)):
+        lay = make_layout(L7, 2, 4, 4, 8, schedule=sched, virtual_stages=v, interleaved_order=order, **kw)
+        extra = math.ceil((held - 4) * stage)
+        assert lay.memory_per_device_bytes == base.memory_per_device_bytes + extra
+        assert lay.activation_bytes == base.activation_bytes + extra
+        assert lay.bubble_fraction == pytest.approx(pipeline_bubble_fraction(4, 8, v))
+        assert (lay.schedule, lay.virtual_stages) == (sched, v) and sched in lay.name
+    plans = plan_parallel_layout(L7, 32, micro_batches=[8], schedule="interleaved", virtual_stages=4, **kw)
+    for p in plans:
+        if p.pp > 1:
+            assert p.virtual_stages == 4 and 32 % (p.pp * 4) == 0
+            assert p.bubble_fraction == pytest.approx(pipeline_bubble_fraction(p.pp, 8, 4))
+        else:
+            assert (p.schedule, p.virtual_stages) == ("1f1b", 1)
+    assert {p.pp for p in plans} <= {1, 2, 4, 8}
+    with pytest.raises(ValueError, match="pp > 1"):
+        make_layout(L7, 8, 4, 1, 1, schedule="interleaved", virtual_stages=2, **kw)
+    with pytest.raises(ValueError, match="virtual_stages"):
+        make_layout(L7, 2, 4, 4, 8, schedule="interleaved", virtual_stages=3, **kw)
+
+
 @pytest.mark.parametrize("kwargs, words", [
     (dict(schedule="zb"), "schedule='zb'"),
     (dict(schedule="1f1b", virtual_stages=2), "needs schedule='interleaved'"),
