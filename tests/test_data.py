@@ -37,7 +37,7 @@ def test_windows_shape_and_seed_shuffle():
 
 
 def test_shards_are_disjoint_and_cover_everything():
-    cfg = RunConfig.preset("tiny").replace(batch_size=4)
+    cfg = RunConfig.preset("tiny").replace(batch_size=4, vocab_size=1024)   # the committed corpus: fast
     n = 64
     seen = []
     for shard in range(2):
@@ -50,7 +50,7 @@ def test_shards_are_disjoint_and_cover_everything():
 
 
 def test_numpy_batches_per_rank_shape_and_bad_shard():
-    cfg = RunConfig.preset("tiny")
+    cfg = RunConfig.preset("tiny").replace(vocab_size=1024)
     b = next(numpy_batches(cfg, num_shards=2, shard_id=1))
     assert b.shape == (cfg.batch_size // 2, cfg.seq_len + 1)
     with pytest.raises(ValueError, match="shard_id=2"):
@@ -89,3 +89,62 @@ def test_numpy_batches_shards_are_disjoint_and_make_up_the_unsharded_batch(num_s
             seen[r] |= rows[r]
     assert all(not (seen[a] & seen[b]) for a in range(num_shards) for b in range(a + 1, num_shards))
     assert sum(len(x) for x in seen) == 8 * steps                  # several steps, never a repeat
+
+
+def test_numpy_batches_wrap_around_to_the_first_window(tmp_path):
+    """Endless: past the last full batch it starts again from window 0 (10 windows, batch 4: 0-3, 4-7, 0-3)."""
+    cfg = RunConfig.preset("tiny").replace(batch_size=4, seq_len=7, vocab_size=256)
+    p = tmp_path / "t.txt"
+    p.write_bytes(bytes(range(80)))                   # 80 bytes = exactly 10 windows of 8 tokens
+    cfg = cfg.replace(data=str(p))
+    w = windows(cfg)
+    assert w.shape == (10, 8)
+    it = numpy_batches(cfg)
+    got = [next(it) for _ in range(4)]
+    for b, rows in zip(got, ([0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3], [4, 5, 6, 7])):
+        np.testing.assert_array_equal(b, w[rows])
+    half = numpy_batches(cfg, num_shards=2, shard_id=1)  # rank 1 holds windows 1, 3, 5, 7, 9: batches of 2
+    np.testing.assert_array_equal(np.concatenate([next(half) for _ in range(3)]), w[[1, 3, 5, 7, 1, 3]])
+
+
+def test_shard_errors_name_the_function_and_the_fix():
+    cfg = RunConfig.preset("tiny")
+    for fn in (numpy_batches, make_dataset):
+        with pytest.raises(ValueError) as e:
+            next(iter(fn(cfg, num_shards=2, shard_id=-1)))
+        assert str(e.value) == (f"{fn.__name__}: shard_id=-1 with num_shards=2 is invalid; "
+                                "fix: 0 <= shard_id < num_shards")
+        with pytest.raises(ValueError, match="shard_id=0 with num_shards=0"):
+            next(iter(fn(cfg, num_shards=0, shard_id=0)))
+    with pytest.raises(ValueError) as e:
+        make_dataset(cfg, num_shards=3, shard_id=0)
+    assert str(e.value) == ("RunConfig.batch_size=4 is not divisible by num_shards=3; "
+                            "fix: make the global batch a multiple of the data-parallel size")
+
+
+def test_make_dataset_defaults_to_one_shard_with_the_whole_batch():
+    cfg = RunConfig.preset("tiny").replace(vocab_size=1024)
+    d = make_dataset(cfg, n_windows=12)     # n_windows sizes a generated corpus; the committed one is larger
+    assert d.get_col_names() == ["input_ids"]
+    w = windows(cfg, 12)
+    batches = [b[0] for b in d.create_tuple_iterator(output_numpy=True)]
+    assert len(batches) == len(w) // 4 and {b.shape for b in batches} == {(4, cfg.seq_len + 1)}   # nothing sharded
+    np.testing.assert_array_equal(np.concatenate(batches), w[: len(batches) * 4])
+
+
+def test_default_corpus_and_floor():
+    toks = corpus_tokens()
+    assert len(toks) == 200_000 and toks.dtype == np.int32
+    assert np.array_equal(toks, np.load(corpus_path(1024, 0))[:200_000])
+    assert round(entropy_floor(), 3) == 1.714
+    assert entropy_floor(64, 4, 1.1, 3) == MarkovSource(vocab_size=64, branching=4, zipf=1.1, seed=3).entropy_floor()
+    assert entropy_floor(64, 4, 1.1, 3) != entropy_floor(64, 4, 1.1, 4) != entropy_floor(64, 4, 1.3, 4)
+
+
+def test_text_tokens_needs_two_bytes(tmp_path):
+    p = tmp_path / "two.txt"
+    p.write_bytes(b"hi")
+    assert text_tokens(p).tolist() == [104, 105]
+    p.write_bytes(b"h")
+    with pytest.raises(ValueError, match="holds 1 bytes"):
+        text_tokens(p)
