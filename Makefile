@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 
-.PHONY: venv cookbook test unit nbval e2e chromium lab bench bench-pytorch clean
+.PHONY: venv cookbook test unit nbval e2e chromium lab bench bench-pytorch mutate clean
 venv: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
@@ -62,6 +62,15 @@ bench: $(STAMP)
 bench-pytorch: $(STAMP)
 	$(BIN)/pip install -q -r bench/requirements.txt
 	$(BIN)/python -m bench.compare_pytorch
+
+# Mutation testing of metrics, memory, parallel, checkpoint and data against their fast unit tests
+# ([tool.mutmut] in pyproject.toml). Not part of CI: it takes hours on 2 cores. Score: tests/README.md.
+# One module at a time:  make mutate MUTANTS='mshelpers.data.*'
+MUTANTS ?=
+mutate: $(STAMP)
+	$(BIN)/pip install -q -e '.[dev]'
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/mutmut run $(MUTANTS)
+	$(BIN)/mutmut results
 
 clean:
 	rm -rf build notebooks/output
