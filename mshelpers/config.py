@@ -73,6 +73,10 @@ class RunConfig:
     pp: int = 1
     micro_batches: int = 1
     grad_accum: int = 1
+    # stability: roll back and skip the batch when the loss or grad norm spikes (mshelpers.stability)
+    spike_guard: bool = False
+    spike_threshold: float = 6.0     # robust sigmas above the recent median
+    spike_window: int = 20           # recent accepted steps the median and MAD are taken over
     # data and bookkeeping
     data: str = "markov"         # "markov" (synthetic, known floor) or a path to a text file
     seed: int = 0
@@ -160,6 +164,12 @@ class RunConfig:
                                     "set dynamic_loss_scale=True for a dynamic scaler")
         if self.seed < 0:
             raise bad("seed", "must be >= 0")
+        if not isinstance(self.spike_guard, bool):
+            raise bad("spike_guard", "must be true or false")
+        if not (isinstance(self.spike_threshold, (int, float)) and 0 < self.spike_threshold < float("inf")):
+            raise bad("spike_threshold", "must be a finite number > 0, e.g. 6.0")
+        if not (isinstance(self.spike_window, int) and not isinstance(self.spike_window, bool) and self.spike_window >= 3):
+            raise bad("spike_window", "must be an integer >= 3, e.g. 20")
         if self.batch_size % (self.dp * self.micro_batches):
             raise bad("batch_size", f"must be divisible by dp*micro_batches = {self.dp}*{self.micro_batches}"
                                     f" = {self.dp * self.micro_batches}; "

@@ -295,7 +295,7 @@ def peak_memory_mb() -> float:
 
 
 COLUMNS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "mfu",
-           "peak_mem_mb", "overflow", "loss_scale")
+           "peak_mem_mb", "overflow", "loss_scale", "spike")
 
 
 class StepLogger(_Callback):
@@ -328,7 +328,8 @@ class StepLogger(_Callback):
 
     def log_step(self, step: int, loss: float, step_time_s: float, *, lr: float = float("nan"),
                  grad_norm: float = float("nan"), overflow: bool = False, loss_scale: float = 1.0,
-                 peak_mem_mb: float | None = None) -> dict:
+                 peak_mem_mb: float | None = None, spike: bool = False) -> dict:
+        """Log one step; `spike=True` marks a step redone after a spike rollback (mshelpers.stability)."""
         tps = self.tokens_per_step / step_time_s if step_time_s > 0 else float("nan")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # a compile step can look odd; MFU > 1 is checked on summaries
@@ -336,7 +337,7 @@ class StepLogger(_Callback):
         row = dict(step=int(step), loss=float(loss), lr=float(lr), grad_norm=float(grad_norm),
                    step_time_s=float(step_time_s), tokens_per_s=tps, mfu=u,
                    peak_mem_mb=peak_memory_mb() if peak_mem_mb is None else float(peak_mem_mb),
-                   overflow=bool(overflow), loss_scale=float(loss_scale))
+                   overflow=bool(overflow), loss_scale=float(loss_scale), spike=bool(spike))
         self.rows.append(row)
         if self.csv_path:
             with self.csv_path.open("a", newline="") as f:
@@ -373,4 +374,5 @@ def summarize(rows: list[dict], skip_first: int = 1) -> dict[str, Any]:
                 tokens_per_s=med("tokens_per_s"), mfu=med("mfu"), final_loss=rows[-1]["loss"],
                 peak_mem_mb=max(r["peak_mem_mb"] for r in rows),
                 overflow_steps=sum(bool(r["overflow"]) for r in rows),
+                spike_steps=sum(bool(r.get("spike", False)) for r in rows),
                 nonfinite_losses=sum(not math.isfinite(r["loss"]) for r in rows))

@@ -14,6 +14,7 @@ compile; `History` reports it apart from the median of the steady steps.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,9 +133,11 @@ class History:
     peak_flops: float = float("nan")
     floor: float | None = None
     csv_path: Path | None = None
+    rollbacks: list = field(default_factory=list)   # spike-guard events: step, loss, trigger, skipped data position
 
     def summary(self) -> dict[str, Any]:
         s = summarize(self.rows)
+        s.update(rollbacks=len(self.rollbacks), skipped_data_pos=[e["skipped_data_pos"] for e in self.rollbacks])
         s.update(run=self.cfg.name, mode=self.cfg.mode, loss_floor=self.floor,
                  gap_to_floor=(s["final_loss"] - self.floor) if self.floor is not None else None)
         return s
@@ -212,32 +215,46 @@ def train(cfg: RunConfig, steps: int | None = None, callbacks: Iterable[Callable
     csv_path = Path(csv_path) if csv_path else build_dir("runs") / f"{cfg.name}-{cfg.mode}-s{cfg.seed}.csv"
 
     start, data_pos, last_ckpt, kept_rows = 1, 0, None, []
+    guard = _SpikeGuard(cfg, net, optimizer, step_fn.loss_scaler) if cfg.spike_guard else None
     if resume:
         found = checkpoint.latest_good(ckpt_dir)
         if found:
             meta = checkpoint.load(found[0], net, optimizer, step_fn.loss_scaler)
             start, data_pos, last_ckpt = meta["step"] + 1, meta["data_pos"], found[0]
+            if guard:
+                guard.load(found[0])
             if csv_path.exists():   # rows written after the checkpoint are redone, so drop them
                 kept_rows = [r for r in read_csv(csv_path) if r["step"] <= meta["step"]]
     logger = StepLogger(csv_path, cfg.tokens_per_step, fpt, peak, n_devices=cfg.dp)
     for r in kept_rows:
         logger.log_step(r["step"], r["loss"], r["step_time_s"], lr=r["lr"], grad_norm=r["grad_norm"],
-                        overflow=r["overflow"], loss_scale=r["loss_scale"], peak_mem_mb=r["peak_mem_mb"])
+                        overflow=r["overflow"], loss_scale=r["loss_scale"], peak_mem_mb=r["peak_mem_mb"],
+                        spike=bool(r.get("spike", False)))
     hist = History(cfg, logger.rows, n_params, fpt, peak, floor, csv_path)
+    hist.rollbacks = guard.events if guard else []
 
     batches = numpy_batches(cfg.replace(batch_size=cfg.batch_size * cfg.grad_accum))
     for _ in range(data_pos):          # the data position is part of exact resume
         next(batches)
-    bar = tqdm(range(start, steps + 1), desc=f"{cfg.name} {cfg.mode}", disable=not progress, leave=False)
-    for step in bar:
+    bar = tqdm(total=steps - start + 1, desc=f"{cfg.name} {cfg.mode}", disable=not progress, leave=False)
+    step, redo = start, False
+    while step <= steps:
+        if guard:
+            guard.snapshot()           # the state before this step: what a rollback restores
         x = ms.Tensor(next(batches), ms.int32)
         data_pos += 1
         t0 = time.perf_counter()
         loss, grad_norm, finite, scale = step_fn(x)
         loss = float(loss.asnumpy())       # synchronises: the step is done when its loss is on the host
         dt = time.perf_counter() - t0
-        row = logger.log_step(step, loss, dt, lr=lr_at(cfg, step), grad_norm=float(grad_norm.asnumpy()),
-                              overflow=not bool(finite.asnumpy()), loss_scale=float(scale.asnumpy()))
+        grad_norm, finite = float(grad_norm.asnumpy()), bool(finite.asnumpy())
+        if guard and finite and guard.is_spike(loss, grad_norm):
+            guard.roll_back(step, loss, grad_norm, skipped=data_pos - 1)   # this batch is skipped for good
+            redo = True
+            continue                   # the same step again, on the next batch
+        row = logger.log_step(step, loss, dt, lr=lr_at(cfg, step), grad_norm=grad_norm,
+                              overflow=not finite, loss_scale=float(scale.asnumpy()), spike=redo)
+        redo = False
         if stop_on_nonfinite and not cfg.dynamic_loss_scale and not math.isfinite(loss):
             raise NonFiniteLoss(f"loss is {loss} at step {step}; last good checkpoint: "
                                 f"{last_ckpt or 'none written yet'}. Fix: lower lr, check the init, "
@@ -245,10 +262,87 @@ def train(cfg: RunConfig, steps: int | None = None, callbacks: Iterable[Callable
         if ckpt_every and step % ckpt_every == 0:
             last_ckpt = checkpoint.save(ckpt_dir, net, optimizer, step=step, data_pos=data_pos,
                                         loss_scaler=step_fn.loss_scaler, keep=keep)
+            if guard:
+                guard.save(last_ckpt)
+        bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", ms=f"{dt * 1e3:.0f}")
         for cb in callbacks:
             cb(row)
+        step += 1
+    bar.close()
     return hist
+
+
+class SpikeStorm(RuntimeError):
+    """The spike guard rolled back too often in a short span: the run needs a person, not another retry."""
+
+
+class _SpikeGuard:
+    """In-memory rollback for `train()`: a snapshot before every step, restored when the step spikes.
+
+    The flagged step's batch is skipped (its data position is recorded), and the step is redone on the
+    next batch. The detector state and the record of rollbacks go into a JSON file beside each checkpoint
+    (`step_N.guard.json`), so a resumed run flags and skips exactly what an uninterrupted one would.
+    MAX_ROLLBACKS rollbacks within WITHIN steps stop the run with SpikeStorm instead of looping.
+    """
+    MAX_ROLLBACKS, WITHIN = 5, 50   # ~1 % of batches poisoned gave 1-3 rollbacks per 50 steps here
+
+    def __init__(self, cfg, net, optimizer, loss_scaler) -> None:
+        from .stability import SpikeDetector
+        self.detector = SpikeDetector(window=cfg.spike_window, threshold=cfg.spike_threshold,
+                                      warmup=min(10, cfg.spike_window))
+        state: dict = {}
+        for cell in (net, optimizer):
+            for p in cell.get_parameters():
+                state.setdefault(p.name, p)
+        for attr in ("scale_value", "counter"):
+            if hasattr(loss_scaler, attr):
+                state[f"loss_scaler.{attr}"] = getattr(loss_scaler, attr)
+        self.params = list(state.values())
+        self.saved: list = []
+        self.events: list[dict] = []
+
+    def snapshot(self) -> None:
+        self.saved = [p.asnumpy().copy() for p in self.params]
+
+    def is_spike(self, loss: float, grad_norm: float) -> bool:
+        return self.detector.update(loss, grad_norm)
+
+    def roll_back(self, step: int, loss: float, grad_norm: float, skipped: int) -> None:
+        import mindspore as ms
+        for p, a in zip(self.params, self.saved):
+            # assign writes into the parameter's own buffer; set_data would swap in a new one that an
+            # already compiled graph never sees
+            ms.ops.assign(p, ms.Tensor(a))
+        ev = {"step": step, "loss": loss, "grad_norm": grad_norm, "trigger": self.detector.last_reason,
+              "skipped_data_pos": skipped}
+        self.events.append(ev)
+        print(f"rolled back step {step}: {ev['trigger']}; skipped data position {skipped}; redoing step {step} "
+              "on the next batch", flush=True)
+        recent = [e["step"] for e in self.events if e["step"] > step - self.WITHIN]
+        if len(recent) >= self.MAX_ROLLBACKS:
+            raise SpikeStorm(f"spike guard: {len(recent)} rollbacks within {self.WITHIN} steps (steps {recent}, "
+                             f"skipped data positions {[e['skipped_data_pos'] for e in self.events[-len(recent):]]}); "
+                             "fix: lower lr or inspect those batches rather than skipping more")
+
+    def save(self, ckpt_path) -> None:
+        import json
+        import os
+        path = Path(ckpt_path).with_suffix(".guard.json")
+        tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+        tmp.write_text(json.dumps({"detector": self.detector.state_dict(), "events": self.events}))
+        os.replace(tmp, path)
+        for stale in path.parent.glob("step_*.guard.json"):   # sidecars whose checkpoint was pruned
+            if not stale.with_name(stale.name.replace(".guard.json", ".ckpt")).exists():
+                stale.unlink(missing_ok=True)
+
+    def load(self, ckpt_path) -> None:
+        import json
+        path = Path(ckpt_path).with_suffix(".guard.json")
+        if path.exists():
+            state = json.loads(path.read_text())
+            self.detector.load_state_dict(state["detector"])
+            self.events[:] = state["events"]
 
 
 def _parse_set(items: list[str]) -> dict[str, Any]:
@@ -308,9 +402,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg.to_yaml(out / "config.yaml")
-    h = train(cfg, steps=a.steps, csv_path=out / "metrics.csv", progress=not a.quiet,
-              ckpt_dir=out / "checkpoints", ckpt_every=a.ckpt_every, keep=a.keep, resume=a.resume)
+    try:
+        h = train(cfg, steps=a.steps, csv_path=out / "metrics.csv", progress=not a.quiet,
+                  ckpt_dir=out / "checkpoints", ckpt_every=a.ckpt_every, keep=a.keep, resume=a.resume)
+    except (NonFiniteLoss, SpikeStorm) as e:   # a stop with a reason, not a crash: one line, non-zero exit
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     s = h.summary()
+    if s["rollbacks"]:
+        print(f"spike guard: {s['rollbacks']} rollbacks, skipped data positions {s['skipped_data_pos']}")
     print(f"done: {s['steps']} steps, final loss {s['final_loss']:.4f}, median step {s['median_step_s'] * 1e3:.0f} ms; "
           f"metrics in {out / 'metrics.csv'}")
     return 0
