@@ -63,7 +63,7 @@ def test_text_file_is_byte_tokens(tmp_path):
     p = tmp_path / "t.txt"
     p.write_text("hello world " * 200)
     toks = text_tokens(p)
-    assert toks[:5].tolist() == list(b"hello")
+    assert toks[:5].tolist() == list(b"hello") and toks.dtype == np.int32
     w = windows(RunConfig.preset("tiny").replace(data=str(p), vocab_size=256))
     assert w.max() < 256
     with pytest.raises(ValueError, match="vocab_size=64 is too small"):
@@ -148,3 +148,54 @@ def test_text_tokens_needs_two_bytes(tmp_path):
     p.write_bytes(b"h")
     with pytest.raises(ValueError, match="holds 1 bytes"):
         text_tokens(p)
+
+
+def test_markov_source_bounds_and_default_seed():
+    assert MarkovSource(vocab_size=2, branching=2).transitions().shape == (2, 2)   # the smallest valid chain
+    with pytest.raises(ValueError, match=r"^MarkovSource.vocab_size=1 is invalid; fix: use >= 2$"):
+        MarkovSource(vocab_size=1, branching=1)
+    MarkovSource(vocab_size=16, branching=16)                                       # every token a successor
+    for b in (0, 17):
+        with pytest.raises(ValueError, match=rf"^MarkovSource.branching={b} is invalid; fix: use 1..vocab_size=16$"):
+            MarkovSource(vocab_size=16, branching=b)
+    src = MarkovSource(vocab_size=64, branching=4, seed=3)
+    assert np.array_equal(src.sample(50), src.sample(50, seed=0))
+
+
+def test_generated_corpus_for_other_vocab_sizes_is_the_seeded_chain():
+    toks = corpus_tokens(64, 500, seed=2)                  # no committed file: generated
+    assert np.array_equal(toks, MarkovSource(vocab_size=64, seed=2).sample(500, seed=3))
+    assert toks.dtype == np.int32 and toks.max() < 64
+
+
+def test_windows_grow_the_corpus_to_what_the_run_needs():
+    # 8 steps x batch 4 x accum 200 = 6400 windows of 33 tokens: 211,200 tokens, more than the committed 200,000
+    cfg = RunConfig.preset("tiny").replace(vocab_size=1024, steps=8, batch_size=4, grad_accum=200)
+    assert len(windows(cfg)) == 6400
+    assert len(windows(cfg.replace(grad_accum=1))) == 200_000 // 33                   # the corpus floor
+
+
+def test_windows_need_one_full_window(tmp_path):
+    cfg = RunConfig.preset("tiny").replace(vocab_size=256, seq_len=7)
+    p = tmp_path / "t.txt"
+    p.write_bytes(b"12345678")                             # exactly one window of seq_len+1 = 8
+    assert windows(cfg.replace(data=str(p))).tolist() == [list(b"12345678")]
+    p.write_bytes(b"1234567")
+    with pytest.raises(ValueError) as e:
+        windows(cfg.replace(data=str(p)))
+    assert str(e.value) == (f"RunConfig.data={str(p)!r} holds 7 tokens, fewer than seq_len+1=8; "
+                            "fix: use a longer file or a shorter seq_len")
+
+
+def test_batches_at_an_exact_fit_and_no_ragged_last_batch(tmp_path):
+    cfg = RunConfig.preset("tiny").replace(batch_size=4, seq_len=9, vocab_size=256)
+    p = tmp_path / "t.txt"
+    p.write_bytes(bytes(range(80)))                        # exactly 8 windows of 10: two full batches
+    cfg = cfg.replace(data=str(p))
+    w, it = windows(cfg), numpy_batches(cfg)
+    for rows in ([0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]):
+        np.testing.assert_array_equal(next(it), w[rows])
+    d = make_dataset(cfg.replace(batch_size=8, data="markov", vocab_size=1024, seq_len=32))
+    assert d.get_dataset_size() == (200_000 // 33) // 8        # 6060 windows: 757 batches, the last 4 dropped
+    assert make_dataset(cfg.replace(data="markov", vocab_size=1024, seq_len=32),
+                        n_windows=7000).get_dataset_size() == 7000 // 4
