@@ -38,11 +38,23 @@ def flops_per_token(n_params: int, n_layers: int, hidden_size: int, seq_len: int
     12*L*H*T adds the attention score and value matmuls (H = heads * head_dim =
     hidden_size, T = sequence length). `attention=False` returns 6N only.
     """
-    for name, v in (("n_params", n_params), ("n_layers", n_layers), ("hidden_size", hidden_size),
-                    ("seq_len", seq_len)):
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ValueError(f"flops_per_token: {name}={v!r} is invalid; fix: pass a positive integer")
+    n_params, n_layers, hidden_size, seq_len = (
+        _count("flops_per_token", name, v) for name, v in (("n_params", n_params), ("n_layers", n_layers),
+                                                            ("hidden_size", hidden_size), ("seq_len", seq_len)))
     return 6 * n_params + (12 * n_layers * hidden_size * seq_len if attention else 0)
+
+
+def _count(fn: str, name: str, v: Any) -> int:
+    """A positive count from any integral number: int, numpy ints, or a float with an integral value (7e9)."""
+    import numbers
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"{fn}: {name}={v!r} is not a number; fix: pass a positive integer")
+    if isinstance(v, numbers.Integral) or (math.isfinite(float(v)) and float(v).is_integer()):
+        if int(v) > 0:
+            return int(v)
+    raise ValueError(f"{fn}: {name}={v!r} is invalid; fix: pass a positive integer"
+                     + (" (a count has no fraction)" if isinstance(v, numbers.Real) and math.isfinite(float(v))
+                        and int(v) > 0 else ""))
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, n_devices: int, peak_flops_per_device: float) -> float:
@@ -51,15 +63,17 @@ def mfu(tokens_per_s: float, flops_per_token: float, n_devices: int, peak_flops_
     tokens_per_s is global (all devices). Warns when the result exceeds 1.0, which
     cannot happen: the peak is too low or the token rate is wrong.
     """
+    import numbers
     for name, v in (("tokens_per_s", tokens_per_s), ("flops_per_token", flops_per_token),
                     ("peak_flops_per_device", peak_flops_per_device)):
-        if not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(float(v)) or float(v) < 0:
             raise ValueError(f"mfu: {name}={v!r} is invalid; fix: pass a number >= 0")
+    tokens_per_s, flops_per_token, peak_flops_per_device = (float(tokens_per_s), float(flops_per_token),
+                                                            float(peak_flops_per_device))
     if peak_flops_per_device == 0:
         raise ValueError("mfu: peak_flops_per_device=0 is invalid; fix: measure it with "
                          "peak_flops() or use the device's datasheet figure")
-    if not isinstance(n_devices, int) or n_devices < 1:
-        raise ValueError(f"mfu: n_devices={n_devices!r} is invalid; fix: pass a positive integer")
+    n_devices = _count("mfu", "n_devices", n_devices)
     value = tokens_per_s * flops_per_token / (n_devices * peak_flops_per_device)
     if value > 1.0:
         warnings.warn(f"MFU = {value:.2f} > 1 is impossible: {tokens_per_s:.4g} tokens/s x "

@@ -102,3 +102,16 @@ def test_markdown_table_and_csv(tmp_path):
         append_csv({"a": 1, "c": 2}, p)
     with pytest.raises(ValueError, match="rows is empty"):
         markdown_table([])
+
+
+def test_counts_and_rates_accept_any_integral_number():
+    import numpy as np
+    assert flops_per_token(7e9, 32, 4096, 4096) == 6 * 7_000_000_000 + 12 * 32 * 4096 * 4096
+    assert flops_per_token(np.int64(3_688_704), np.int32(4), 256, 128) == 23_705_088
+    assert mfu(np.float32(1000), np.int64(10**9), np.int64(2), 1e12) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="n_layers=2.5 is invalid.*no fraction"):
+        flops_per_token(100, 2.5, 8, 4)
+    with pytest.raises(ValueError, match="n_params='7e9' is not a number"):
+        flops_per_token("7e9", 1, 1, 1)
+    with pytest.raises(ValueError, match="n_devices=1.5"):
+        mfu(1, 1, 1.5, 1)
