@@ -123,3 +123,19 @@ def test_prune_keeps_the_newest_and_ignores_other_files(tmp_path):
     assert checkpoint.prune(tmp_path, 2) == [] and checkpoint.prune(tmp_path, 5) == []
     assert [d.name for d in checkpoint.prune(tmp_path, 1)] == ["step_000004.ckpt"]
     assert checkpoint.prune(tmp_path / "missing", 1) == []
+
+
+def test_latest_good_returns_step_and_data_position(tmp_path):
+    net, opt, _ = make()
+    checkpoint.save(tmp_path, net, opt, step=2, data_pos=5)
+    path, meta = checkpoint.latest_good(tmp_path)
+    assert path == tmp_path / "step_000002.ckpt" and meta == {"step": 2, "data_pos": 5}
+
+
+def test_prune_tolerates_a_file_already_gone(tmp_path, monkeypatch):
+    """Another process (a second rank, a cleanup job) may delete a file between listing and unlinking."""
+    gone = tmp_path / "step_000001.ckpt"
+    keep = tmp_path / "step_000002.ckpt"
+    keep.write_bytes(b"x")
+    monkeypatch.setattr(checkpoint, "list_checkpoints", lambda d: [keep, gone])
+    assert checkpoint.prune(tmp_path, 1) == [gone] and keep.exists()
