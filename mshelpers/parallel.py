@@ -851,9 +851,9 @@ def pipeline_in_flight(pp: int, micro_batches: int, schedule: str = "1f1b", virt
 
     gpipe: m on every stage. 1f1b: min(p-s, m) on stage s. interleaved: min(bias_s + 1, v·m)
     chunk activations, each 1/v of a stage, so min(bias_s + 1, v·m)/v stage-equivalents, with
-    bias_s from `simulate_pipeline`'s docstring. For m a multiple of p the first stage holds
-    p + (p-1)/v ("standard": Korthikanti et al. 2022 sec. 4.2.3's p·(1 + (p-1)/(p·v))) or p
-    ("memory", like 1F1B).
+    bias_s from `simulate_pipeline`'s docstring. For m a multiple of p with m > p the first stage
+    holds p + (p-1)/v ("standard": Korthikanti et al. 2022 sec. 4.2.3's p·(1 + (p-1)/(p·v))) or p
+    ("memory", like 1F1B); never more than m (at m = p it holds m).
 
         >>> pipeline_in_flight(4, 8, "1f1b"), pipeline_in_flight(4, 8, "interleaved", 2)
         ([4, 3, 2, 1], [5.5, 4.5, 3.5, 2.5])
