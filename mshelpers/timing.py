@@ -140,8 +140,10 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
                         timeout: float = 900, progress: bool = True) -> dict[str, Any]:
     """Run N candidates alternately over R rounds, rotating their order; medians, spreads and verdicts.
 
-    candidates: {name: fn | (fn, args) | (fn, args, kwargs)}. Each call returns a float (seconds per
-        step) or a dict of metrics (e.g. a train summary with `median_step_s` and `tokens_per_s`).
+    candidates: {name: fn | (fn, args) | (fn, args, kwargs) | (fn, args, kwargs, env)}. Each call returns a
+        float (seconds per step) or a dict of metrics (e.g. a train summary with `median_step_s` and
+        `tokens_per_s`). `env` (isolate=True only) adds environment variables for that candidate's processes,
+        e.g. a compile cache per candidate.
     rounds: R. Round r runs every candidate once, in the order rotated by r, so no candidate always
         runs first (cold caches) or last (a machine that heats up or gets busy).
     seeds: optional list, one per round; round r passes `seed=seeds[r]` (then R = len(seeds)).
@@ -165,10 +167,10 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         raise ValueError(f"compare_interleaved: baseline={baseline!r} is not a candidate; fix: one of {names}")
     specs = {}
     for n, spec in candidates.items():
-        fn, args, kwargs = (spec, (), {}) if callable(spec) else (tuple(spec) + ((), {}))[:3]
+        fn, args, kwargs, env = (spec, (), {}, None) if callable(spec) else (tuple(spec) + ((), {}, None))[:4]
         if not callable(fn):
             raise ValueError(f"compare_interleaved: candidate {n!r} is not callable; fix: pass fn or (fn, args, kwargs)")
-        specs[n] = (fn, tuple(args), dict(kwargs))
+        specs[n] = (fn, tuple(args), dict(kwargs), env)
     metrics = metrics or {"median_step_s": False, "tokens_per_s": True, "peak_rss_mb": False}
     order_all = [(r, names[(i + r) % len(names)]) for r in range(rounds) for i in range(len(names))]
     try:
@@ -178,10 +180,10 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         it = order_all
     runs = []
     for r, name in it:
-        fn, args, kwargs = specs[name]
+        fn, args, kwargs, env = specs[name]
         kw = dict(kwargs, seed=seeds[r]) if seeds is not None else kwargs
         if isolate:
-            res = run_isolated(fn, *args, timeout=timeout, **kw)
+            res = run_isolated(fn, *args, timeout=timeout, env=env, **kw)
             value, extra = res.value, {"peak_rss_mb": res.peak_rss_mb, "wall_s": res.wall_s}
         else:
             t0 = time.perf_counter()
