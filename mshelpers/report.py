@@ -173,7 +173,7 @@ def run_summaries(cfg_yaml: str, seeds: Sequence[int], steps: int, csv_dir: str,
 
 
 def resume_check(cfg: Any, n: int, where: str | os.PathLike) -> dict[str, Any]:
-    """Exact-resume check: 2n steps straight against n steps, a checkpoint, a rebuilt model, n more.
+    """Exact-resume check: 2n steps straight against a rebuilt model resumed from the step-n checkpoint.
 
     Returns per-step losses, learning rates and loss scales of both, the data positions
     stored in the step-2n checkpoints, and `bitwise`: every one of them identical.
@@ -189,7 +189,14 @@ def resume_check(cfg: Any, n: int, where: str | os.PathLike) -> dict[str, Any]:
     cfg = cfg.replace(steps=2 * n)
     kw = dict(progress=False, ckpt_every=n)
     straight = train(cfg, steps=2 * n, csv_path=where / "straight.csv", ckpt_dir=where / "ckpt_straight", **kw)
-    train(cfg, steps=n, csv_path=where / "resumed.csv", ckpt_dir=where / "ckpt_resumed", **kw)
+    # The step-n checkpoint the straight run wrote is what a run stopped at step n leaves behind (the
+    # run is deterministic), so the resumed run starts from a copy of it: a rebuilt model and optimizer,
+    # loaded, then n more steps. One compile fewer than training the first half again.
+    (where / "ckpt_resumed").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(where / "ckpt_straight" / f"step_{n:06d}.ckpt", where / "ckpt_resumed" / f"step_{n:06d}.ckpt")
+    with (where / "straight.csv").open() as f, (where / "resumed.csv").open("w") as g:
+        lines = f.read().splitlines(keepends=True)
+        g.writelines(lines[:n + 1])            # header + rows 1..n, as the stopped run would have left them
     resumed = train(cfg, steps=2 * n, csv_path=where / "resumed.csv", ckpt_dir=where / "ckpt_resumed",
                     resume=True, **kw)
     out: dict[str, Any] = {"n": n}

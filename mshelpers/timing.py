@@ -120,17 +120,19 @@ def _median_spread(vals: list[float]) -> tuple[float, float, float]:
     return statistics.median(vals), min(vals), max(vals)
 
 
-def verdict(base: list[float], cand: list[float], higher_is_better: bool = True) -> str:
+def verdict(base: list[float], cand: list[float], higher_is_better: bool = True, rel_floor: float = 0.02) -> str:
     """'win', 'within noise' or 'regression' for one change against its baseline.
 
     A change counts only when it clears the noise: the difference of the medians must exceed
-    the larger of the two round-to-round ranges (max - min), in the good or the bad direction.
+    the larger of the two round-to-round ranges (max - min), in the good or the bad direction,
+    and `rel_floor` (2 %) of the baseline's median, so that a metric that repeats exactly (peak
+    memory of identical runs) does not call a 0.1 % difference a regression.
     """
     if not base or not cand:
         raise ValueError("verdict: base and cand need at least one value each; fix: run more rounds")
     bm, blo, bhi = _median_spread(base)
     cm, clo, chi = _median_spread(cand)
-    noise = max(bhi - blo, chi - clo)
+    noise = max(bhi - blo, chi - clo, rel_floor * abs(bm))
     delta = (cm - bm) if higher_is_better else (bm - cm)
     return "win" if delta > noise else "regression" if -delta > noise else "within noise"
 

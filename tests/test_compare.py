@@ -69,3 +69,9 @@ def test_bad_input_is_named():
         compare_interleaved({"a": (1, ())}, rounds=2)
     with pytest.raises(ValueError, match="empty"):
         compare_interleaved({}, rounds=2)
+
+
+def test_a_metric_that_repeats_exactly_needs_a_two_percent_change():
+    assert verdict([1688.0, 1688.0], [1711.0, 1712.0], higher_is_better=False) == "within noise"   # +1.4 %
+    assert verdict([1688.0, 1688.0], [1750.0, 1751.0], higher_is_better=False) == "regression"     # +3.7 %
+    assert verdict([1688.0, 1688.0], [1711.0, 1712.0], higher_is_better=False, rel_floor=0) == "regression"
