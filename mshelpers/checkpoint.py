@@ -30,10 +30,20 @@ from pathlib import Path
 from typing import Any
 
 NAME = re.compile(r"^step_(\d{6,})\.ckpt$")
+TMP_PREFIX = ".tmp-"
 
 
 class CorruptCheckpoint(RuntimeError):
     """The file exists but cannot be read back intact (truncated, bit-flipped, foreign)."""
+
+
+def _as_step(fn: str, name: str, v) -> int:
+    import numbers
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 0:
+        return int(v)
+    if isinstance(v, numbers.Real) and not isinstance(v, bool) and float(v).is_integer() and v >= 0:
+        return int(v)
+    raise ValueError(f"checkpoint.{fn}: {name}={v!r} is invalid; fix: pass a non-negative integer")
 
 
 def _state(net, optimizer, loss_scaler) -> dict[str, Any]:
@@ -49,26 +59,55 @@ def _state(net, optimizer, loss_scaler) -> dict[str, Any]:
     return entries
 
 
-def save(ckpt_dir: str | os.PathLike, net, optimizer=None, *, step: int, data_pos: int,
-         loss_scaler=None, keep: int | None = None) -> Path:
-    """Write `ckpt_dir/step_<step>.ckpt` atomically and return its path; keep the last `keep` files."""
+def write_pending(ckpt_dir: str | os.PathLike, net, optimizer=None, *, step: int, data_pos: int,
+                  loss_scaler=None, run: dict | None = None) -> Path:
+    """Write the checkpoint of `step` under a temporary name (invisible to readers) and return that path.
+
+    `commit(path)` makes it visible. Training writes a checkpoint this way and commits it only after
+    the next step's loss came out finite, so weights that blow up the next forward are never kept.
+    `run` (e.g. {"id": ..., "config_hash": ...}) is stored as text entries `meta.run.<key>`.
+    A failed write (a full disk, a kill signal turned into an exception) removes its own temp file.
+    """
     import mindspore as ms
-    if not isinstance(step, int) or step < 0:
-        raise ValueError(f"checkpoint.save: step={step!r} is invalid; fix: pass the integer step just completed")
-    if keep is not None and keep < 1:
-        raise ValueError(f"checkpoint.save: keep={keep} is invalid; fix: keep at least 1 checkpoint")
+    step = _as_step("save", "step", step)
+    data_pos = _as_step("save", "data_pos", data_pos)
     d = Path(ckpt_dir)
     d.mkdir(parents=True, exist_ok=True)
-    final = d / f"step_{step:06d}.ckpt"
-    tmp = d / f".tmp-{os.getpid()}-step_{step:06d}.ckpt"   # MindSpore insists on a .ckpt suffix
+    tmp = d / f"{TMP_PREFIX}{os.getpid()}-step_{step:06d}.ckpt"   # MindSpore insists on a .ckpt suffix
     entries = [{"name": n, "data": p} for n, p in _state(net, optimizer, loss_scaler).items()]
-    meta = {"meta.step": step, "meta.data_pos": int(data_pos), "meta.rng_state": ms.get_rng_state()}
-    ms.save_checkpoint(entries, str(tmp), append_dict=meta, crc_check=True)
-    with open(tmp, "rb") as f:          # the bytes must be on disk before the rename makes them visible
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    meta: dict[str, Any] = {"meta.step": step, "meta.data_pos": data_pos, "meta.rng_state": ms.get_rng_state()}
+    for k, v in (run or {}).items():
+        meta[f"meta.run.{k}"] = str(v)
+    try:
+        ms.save_checkpoint(entries, str(tmp), append_dict=meta, crc_check=True)
+        with open(tmp, "rb") as f:      # the bytes must be on disk before a rename makes them visible
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def commit(pending: str | os.PathLike) -> Path:
+    """Rename a `write_pending` file to its final `step_<N>.ckpt` name (atomic) and return the final path."""
+    pending = Path(pending)
+    m = re.match(rf"^{re.escape(TMP_PREFIX)}\d+-(step_\d{{6,}}\.ckpt)$", pending.name)
+    if not m:
+        raise ValueError(f"checkpoint.commit: {pending} is not a pending checkpoint; fix: pass write_pending()'s path")
+    final = pending.with_name(m.group(1))
+    os.replace(pending, final)
+    return final
+
+
+def save(ckpt_dir: str | os.PathLike, net, optimizer=None, *, step: int, data_pos: int,
+         loss_scaler=None, keep: int | None = None, run: dict | None = None) -> Path:
+    """Write `ckpt_dir/step_<step>.ckpt` atomically and return its path; keep the newest `keep` good files."""
+    if keep is not None and (not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"checkpoint.save: keep={keep} is invalid; fix: keep at least 1 checkpoint")
+    final = commit(write_pending(ckpt_dir, net, optimizer, step=step, data_pos=data_pos,
+                                 loss_scaler=loss_scaler, run=run))
     if keep:
-        prune(d, keep)
+        prune(ckpt_dir, keep, run_id=(run or {}).get("id"))
     return final
 
 
@@ -81,12 +120,13 @@ def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def prune(ckpt_dir: str | os.PathLike, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints; return the deleted paths."""
-    old = list_checkpoints(ckpt_dir)[keep:]
-    for p in old:
+def clean_temp(ckpt_dir: str | os.PathLike) -> list[Path]:
+    """Delete leftover temp files (from a killed or failed write); call it only while no writer runs."""
+    d = Path(ckpt_dir)
+    gone = [p for p in d.glob(f"{TMP_PREFIX}*")] if d.is_dir() else []
+    for p in gone:
         p.unlink(missing_ok=True)
-    return old
+    return gone
 
 
 def read(path: str | os.PathLike) -> dict[str, Any]:
@@ -97,7 +137,7 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(f"checkpoint {path} does not exist; fix: pass a file from list_checkpoints()")
     try:
         params = ms.load_checkpoint(str(path), crc_check=True)
-    except (ValueError, RuntimeError, OSError) as e:
+    except (ValueError, RuntimeError, OSError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CorruptCheckpoint(f"checkpoint {path} is corrupt or truncated ({first})") from e
     if "meta.step" not in params:
@@ -105,22 +145,68 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
     return params
 
 
-def load(path: str | os.PathLike, net, optimizer=None, loss_scaler=None) -> dict[str, Any]:
-    """Restore net, optimizer, loss scaler and RNG state from `path`; return {"step", "data_pos", "path"}."""
+def info(params: dict[str, Any]) -> dict[str, Any]:
+    """Step, data position and run identity of a `read()` result."""
+    out = {"step": int(params["meta.step"].asnumpy()), "data_pos": int(params["meta.data_pos"].asnumpy())}
+    run = {k[len("meta.run."):]: v for k, v in params.items() if k.startswith("meta.run.")}
+    if run:
+        out["run"] = run
+    return out
+
+
+def nonfinite_params(params: dict[str, Any]) -> list[str]:
+    """Names of the float entries holding NaN or inf (weights, moments)."""
+    import numpy as np
+    bad = []
+    for k, v in params.items():
+        if k.startswith("meta.") or isinstance(v, str):
+            continue
+        a = v.asnumpy()
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            bad.append(k)
+    return bad
+
+
+def _nearest(name: str, candidates: list[str]) -> str:
+    """A hint for a missing parameter: the closest checkpoint key and, when only a prefix differs, the fix."""
+    import difflib
+    for c in candidates:
+        if c.endswith("." + name) or name.endswith("." + c):
+            longer, shorter = (c, name) if len(c) > len(name) else (name, c)
+            prefix = longer[: len(longer) - len(shorter)]
+            side = "checkpoint" if longer == c else "net"
+            return (f"the checkpoint has {c!r}: the names differ by the prefix {prefix!r} on the {side} side; fix: "
+                    f"load into the cell the checkpoint was saved from, or rename keys "
+                    f"({{k.removeprefix({prefix!r}): v}} or {{{prefix!r} + k: v}}) before load_param_into_net")
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.5)
+    if close:
+        return f"nearest checkpoint key: {close[0]!r}; fix: resume with the config and model that wrote it"
+    return "fix: resume with the config and model that wrote it"
+
+
+def load(path: str | os.PathLike, net, optimizer=None, loss_scaler=None, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Restore net, optimizer, loss scaler and RNG state from `path`; return step, data_pos, run, path.
+
+    ignore: checkpoint entries to leave out (train() re-derives the optimizer's `learning_rate` table
+    when a run is extended, so the table's length may differ).
+    """
     import mindspore as ms
     params = read(path)
+    for k in ignore:
+        params.pop(k, None)
+    keys = [k for k in params if not k.startswith(("meta.", "loss_scaler."))]
     for cell in (net, optimizer):
         if cell is not None:
             try:
                 not_loaded, _ = ms.load_param_into_net(cell, params, strict_load=True)
-            except RuntimeError as e:   # a shape mismatch: another model size or lr-schedule length
+            except RuntimeError as e:   # a shape mismatch: another model size
                 raise CorruptCheckpoint(f"checkpoint {path} does not fit this {type(cell).__name__}: "
                                         f"{str(e).splitlines()[0][:300]}; fix: resume with the config that "
-                                        "wrote it (same model and steps)") from e
-            missing = [n for n in not_loaded if not n.startswith(("meta.", "loss_scaler."))]
+                                        "wrote it (same model)") from e
+            missing = [n for n in not_loaded if not n.startswith(("meta.", "loss_scaler.")) and n not in ignore]
             if missing:
                 raise CorruptCheckpoint(f"checkpoint {path} lacks {len(missing)} parameters of {type(cell).__name__}, "
-                                        f"e.g. {missing[0]!r}; fix: resume with the config that wrote it")
+                                        f"e.g. {missing[0]!r}; {_nearest(missing[0], keys)}")
     if loss_scaler is not None:
         for attr in ("scale_value", "counter"):
             key = f"loss_scaler.{attr}"
@@ -128,18 +214,59 @@ def load(path: str | os.PathLike, net, optimizer=None, loss_scaler=None) -> dict
                 getattr(loss_scaler, attr).set_data(params[key].value())
     if "meta.rng_state" in params:
         ms.set_rng_state(params["meta.rng_state"].value())
-    return {"step": int(params["meta.step"].asnumpy()), "data_pos": int(params["meta.data_pos"].asnumpy()),
-            "path": Path(path)}
+    return {**info(params), "path": Path(path)}
 
 
-def latest_good(ckpt_dir: str | os.PathLike) -> tuple[Path, dict] | None:
-    """The newest checkpoint that reads back intact, with its metadata; reports each corrupt one it skips."""
+def scan(ckpt_dir: str | os.PathLike, run_id: str | None = None, finite: bool = False) -> list[dict[str, Any]]:
+    """Every checkpoint, newest first, as {"path", "status", ...info}: status is good, corrupt, foreign
+    (another run's id when `run_id` is given) or nonfinite (NaN/inf weights, checked when `finite`)."""
+    out = []
     for p in list_checkpoints(ckpt_dir):
         try:
             params = read(p)
-        except CorruptCheckpoint as e:
-            # printed, not warnings.warn: mindformers silences Python warnings process-wide
-            print(f"{e}; falling back to the previous checkpoint", file=sys.stderr)
+        except (CorruptCheckpoint, FileNotFoundError) as e:
+            out.append({"path": p, "status": "corrupt", "error": str(e)})
             continue
-        return p, {"step": int(params["meta.step"].asnumpy()), "data_pos": int(params["meta.data_pos"].asnumpy())}
+        rec = {"path": p, **info(params)}
+        rec["status"] = "good"
+        if run_id is not None and rec.get("run", {}).get("id") != run_id:
+            rec["status"] = "foreign"
+        elif finite and (bad := nonfinite_params(params)):
+            rec["status"], rec["error"] = "nonfinite", f"checkpoint {p} holds non-finite values in {bad[0]!r}"
+        out.append(rec)
+    return out
+
+
+def prune(ckpt_dir: str | os.PathLike, keep: int, run_id: str | None = None) -> list[Path]:
+    """Keep the newest `keep` checkpoints that read back intact; delete older ones; return the deleted paths.
+
+    Integrity first: a corrupt file never counts toward `keep`, so the newest good checkpoint is never
+    deleted in favour of a damaged one. Corrupt files older than a kept good one are deleted too.
+    With `run_id`, another run's checkpoints are neither counted nor deleted.
+    """
+    if not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"checkpoint.prune: keep={keep!r} is invalid; fix: keep at least 1 checkpoint")
+    kept, gone = 0, []
+    for rec in scan(ckpt_dir, run_id=run_id):
+        if rec["status"] == "foreign":
+            continue
+        if rec["status"] == "good" and kept < keep:
+            kept += 1
+            continue
+        if kept:            # older than a kept good checkpoint: surplus or damaged
+            rec["path"].unlink(missing_ok=True)
+            gone.append(rec["path"])
+    return gone
+
+
+def latest_good(ckpt_dir: str | os.PathLike, run_id: str | None = None,
+                finite: bool = False) -> tuple[Path, dict] | None:
+    """The newest checkpoint that reads back intact (of run `run_id`, with finite weights when `finite`),
+    with its metadata; reports each one it skips."""
+    for rec in scan(ckpt_dir, run_id=run_id, finite=finite):
+        if rec["status"] == "good":
+            return rec["path"], {k: v for k, v in rec.items() if k in ("step", "data_pos", "run")}
+        why = rec.get("error") or f"checkpoint {rec['path']} belongs to run {rec.get('run', {}).get('id')}, not {run_id}"
+        # printed, not warnings.warn: mindformers silences Python warnings process-wide
+        print(f"{why}; skipping it", file=sys.stderr)
     return None

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -133,10 +134,20 @@ class RunConfig:
         def bad(field_name: str, fix: str) -> ValueError:
             return ValueError(f"RunConfig.{field_name}={getattr(self, field_name)!r} is invalid: {fix}")
 
+        # Types first: YAML hands over whatever it parsed (`grad_clip: abc` is a str, `data: 123` an int).
+        for f in fields(self):
+            v, t = getattr(self, f.name), str(f.type)
+            if t == "bool" and not isinstance(v, bool):
+                raise bad(f.name, "must be true or false")
+            if t == "int" and (not isinstance(v, int) or isinstance(v, bool)):
+                raise bad(f.name, "must be an integer")
+            if t == "float" and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)):
+                raise bad(f.name, "must be a finite number")
+            if t == "str" and not isinstance(v, str):
+                raise bad(f.name, "must be a string")
         for f in ("hidden_size", "num_layers", "num_heads", "ffn_hidden_size", "vocab_size",
                   "seq_len", "batch_size", "steps", "dp", "mp", "pp", "micro_batches", "grad_accum"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            if getattr(self, f) <= 0:
                 raise bad(f, "must be a positive integer")
         if self.hidden_size % self.num_heads:
             raise bad("hidden_size", f"must be divisible by num_heads={self.num_heads}; "
@@ -151,24 +162,22 @@ class RunConfig:
             raise bad("compute_dtype", f"use one of {DTYPES}")
         if self.recompute not in RECOMPUTE:
             raise bad("recompute", f"use one of {RECOMPUTE}")
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+        if not self.lr > 0:
             raise bad("lr", "must be a positive number, e.g. 3e-3")
-        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
+        if self.warmup_steps < 0:
             raise bad("warmup_steps", "must be an integer >= 0")
         if self.grad_clip < 0:
             raise bad("grad_clip", "must be >= 0 (0 disables clipping)")
         if self.weight_decay < 0:
             raise bad("weight_decay", "must be >= 0")
-        if not (isinstance(self.loss_scale, (int, float)) and self.loss_scale >= 1):
+        if self.loss_scale < 1:
             raise bad("loss_scale", "must be a number >= 1 (1 = no scaling); "
                                     "set dynamic_loss_scale=True for a dynamic scaler")
         if self.seed < 0:
             raise bad("seed", "must be >= 0")
-        if not isinstance(self.spike_guard, bool):
-            raise bad("spike_guard", "must be true or false")
-        if not (isinstance(self.spike_threshold, (int, float)) and 0 < self.spike_threshold < float("inf")):
+        if not self.spike_threshold > 0:
             raise bad("spike_threshold", "must be a finite number > 0, e.g. 6.0")
-        if not (isinstance(self.spike_window, int) and not isinstance(self.spike_window, bool) and self.spike_window >= 3):
+        if self.spike_window < 3:
             raise bad("spike_window", "must be an integer >= 3, e.g. 20")
         if self.batch_size % (self.dp * self.micro_batches):
             raise bad("batch_size", f"must be divisible by dp*micro_batches = {self.dp}*{self.micro_batches}"
@@ -180,9 +189,24 @@ class RunConfig:
             raise bad("mp", f"must divide ffn_hidden_size={self.ffn_hidden_size}")
         if self.num_layers % self.pp:
             raise bad("pp", f"must divide num_layers={self.num_layers}")
-        if self.data != "markov" and not Path(self.data).is_file():
-            raise bad("data", "use 'markov' for the synthetic corpus or the path of an existing text file")
+        if self.data != "markov":
+            # byte-level tokens: a file of n bytes holds n tokens, and one window needs seq_len + 1 of them
+            p = Path(self.data)
+            if not p.is_file():
+                raise bad("data", "use 'markov' for the synthetic corpus or the path of an existing text file")
+            if p.stat().st_size < self.seq_len + 1:
+                raise bad("data", f"holds {p.stat().st_size} bytes, fewer than seq_len+1={self.seq_len + 1}; "
+                                  "fix: use a longer file or a shorter seq_len")
+            if self.vocab_size < 256:
+                raise bad("vocab_size", "is too small for byte tokens of a text file; fix: use >= 256")
         return self
+
+    def config_hash(self) -> str:
+        """12 hex digits identifying the run's settings; `steps` is left out, so extending a run keeps it."""
+        import hashlib
+        import json
+        d = {k: v for k, v in self.to_dict().items() if k != "steps"}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
     # ---------------------------------------------------------------- yaml
     def to_dict(self) -> dict:
@@ -190,25 +214,60 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
+        """Build from a mapping; a `run` entry (the training CLI's run identity) is not a field and is ignored."""
+        if not isinstance(d, dict):
+            raise ValueError(f"RunConfig: expected a mapping of field: value, got {type(d).__name__}; "
+                             "fix: write one `field: value` per line")
+        d = {k: v for k, v in d.items() if k != "run"}
         known = {f.name for f in fields(cls)}
-        bad = sorted(set(d) - known)
+        bad = sorted(set(d) - known, key=str)
         if bad:
             raise ValueError(f"RunConfig: unknown field {bad[0]!r} in the input; fix: use one of {sorted(known)}")
         return cls(**d)
 
-    def to_yaml(self, path: str | os.PathLike | None = None) -> str:
-        """Serialise to YAML; also write it to `path` if given."""
+    def to_yaml(self, path: str | os.PathLike | None = None, run: dict | None = None) -> str:
+        """Serialise to YAML (with an optional `run` identity entry first); also write it to `path` if given.
+
+        The file is written to a temporary name and renamed, so a crash never leaves half a config.
+        """
         import yaml
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        head = yaml.safe_dump({"run": run}, sort_keys=False) if run else ""
+        text = head + yaml.safe_dump(self.to_dict(), sort_keys=False)
         if path is not None:
-            Path(path).write_text(text)
+            path = Path(path)
+            tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+            try:
+                tmp.write_text(text)
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
         return text
+
+    @staticmethod
+    def read_yaml(text_or_path: str | os.PathLike) -> dict:
+        """The mapping in YAML text or a .yaml file; one ValueError for unreadable, corrupt or non-mapping input."""
+        import yaml
+        s, where = str(text_or_path), "YAML text"
+        if "\n" not in s and Path(s).is_file():
+            where = s
+            try:
+                s = Path(s).read_text()
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start}); "
+                                 "fix: restore the file or delete it and start a fresh run") from None
+        try:
+            d = yaml.safe_load(s)
+        except yaml.YAMLError as e:
+            first = " ".join(str(e).split())[:200]
+            raise ValueError(f"{where}: not valid YAML ({first}); fix: repair the file or start a fresh run") from None
+        if d is None:
+            raise ValueError(f"{where} is empty; fix: restore it or start a fresh run")
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: expected `field: value` lines, got a {type(d).__name__}; "
+                             "fix: restore it or start a fresh run")
+        return d
 
     @classmethod
     def from_yaml(cls, text_or_path: str | os.PathLike) -> "RunConfig":
-        """Load from YAML text or from a .yaml file path."""
-        import yaml
-        s = str(text_or_path)
-        if "\n" not in s and Path(s).is_file():
-            s = Path(s).read_text()
-        return cls.from_dict(yaml.safe_load(s) or {})
+        """Load from YAML text or from a .yaml file path (empty or corrupt input raises one ValueError)."""
+        return cls.from_dict(cls.read_yaml(text_or_path))

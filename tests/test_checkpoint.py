@@ -46,7 +46,7 @@ def test_corrupt_latest_is_detected_and_skipped(tmp_path, capsys, damage):
         checkpoint.read(newest)
     path, meta = checkpoint.latest_good(tmp_path)
     assert path.name == "step_000001.ckpt" and meta["step"] == 1
-    assert "falling back to the previous checkpoint" in capsys.readouterr().err
+    assert "step_000002.ckpt is corrupt or truncated" in capsys.readouterr().err
 
 
 def test_mismatched_model_is_refused_with_a_fix(tmp_path):
@@ -111,8 +111,9 @@ def test_rng_state_round_trip(tmp_path):
 
 
 def test_prune_keeps_the_newest_and_ignores_other_files(tmp_path):
+    net, opt, _ = make()
     for s in (1, 2, 3, 10, 4):
-        (tmp_path / f"step_{s:06d}.ckpt").write_bytes(b"x")
+        checkpoint.save(tmp_path, net, opt, step=s, data_pos=s)
     others = [tmp_path / ".tmp-1-step_000099.ckpt", tmp_path / "notes.txt", tmp_path / "step_7.ckpt"]
     for o in others:
         o.write_bytes(b"x")
@@ -125,6 +126,65 @@ def test_prune_keeps_the_newest_and_ignores_other_files(tmp_path):
     assert checkpoint.prune(tmp_path / "missing", 1) == []
 
 
+def test_prune_never_deletes_the_newest_good_checkpoint_for_a_corrupt_one(tmp_path):
+    net, opt, _ = make()
+    for s in (1, 2, 3):
+        checkpoint.save(tmp_path, net, opt, step=s, data_pos=s)
+    newest = tmp_path / "step_000003.ckpt"
+    newest.write_bytes(newest.read_bytes()[:100])
+    deleted = checkpoint.prune(tmp_path, 1)
+    assert [d.name for d in deleted] == ["step_000001.ckpt"]   # step 2 is the newest good one: kept
+    assert checkpoint.latest_good(tmp_path)[0].name == "step_000002.ckpt"
+    # a corrupt file older than a kept good one goes too
+    (tmp_path / "step_000002.ckpt").rename(tmp_path / "step_000005.ckpt")
+    checkpoint.save(tmp_path, net, opt, step=0, data_pos=0)
+    (tmp_path / "step_000000.ckpt").write_bytes(b"broken")
+    assert [d.name for d in checkpoint.prune(tmp_path, 1)] == ["step_000003.ckpt", "step_000000.ckpt"]
+
+
+def test_prune_leaves_other_runs_alone(tmp_path):
+    net, opt, _ = make()
+    checkpoint.save(tmp_path, net, opt, step=9, data_pos=9, run={"id": "old"})
+    for s in (1, 2):
+        checkpoint.save(tmp_path, net, opt, step=s, data_pos=s, run={"id": "new"}, keep=1)
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step_000009.ckpt", "step_000002.ckpt"]
+    path, meta = checkpoint.latest_good(tmp_path, run_id="new")
+    assert path.name == "step_000002.ckpt" and meta["run"] == {"id": "new"}
+
+
+def test_failed_write_leaves_no_temp_file(tmp_path, monkeypatch):
+    import mindspore as ms
+    net, opt, _ = make()
+
+    def full_disk(*a, **k):
+        open(a[1], "wb").write(b"partial")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(ms, "save_checkpoint", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        checkpoint.save(tmp_path, net, opt, step=1, data_pos=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_numpy_integer_steps_are_accepted(tmp_path):
+    import numpy as np
+    net, opt, _ = make()
+    assert checkpoint.save(tmp_path, net, opt, step=np.int64(3), data_pos=np.int32(3)).name == "step_000003.ckpt"
+    with pytest.raises(ValueError, match="step=2.5 is invalid"):
+        checkpoint.save(tmp_path, net, opt, step=2.5, data_pos=1)
+
+
+def test_a_prefix_mismatch_is_named_with_its_fix(tmp_path):
+    from mindspore import nn
+
+    class Wrap(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Dense(4, 3)
+    checkpoint.save(tmp_path, nn.Dense(4, 3), step=1, data_pos=1)
+    with pytest.raises(checkpoint.CorruptCheckpoint, match="differ by the prefix 'net.'"):
+        checkpoint.load(tmp_path / "step_000001.ckpt", Wrap())
+
+
 def test_latest_good_returns_step_and_data_position(tmp_path):
     net, opt, _ = make()
     checkpoint.save(tmp_path, net, opt, step=2, data_pos=5)
@@ -134,8 +194,8 @@ def test_latest_good_returns_step_and_data_position(tmp_path):
 
 def test_prune_tolerates_a_file_already_gone(tmp_path, monkeypatch):
     """Another process (a second rank, a cleanup job) may delete a file between listing and unlinking."""
+    net, opt, _ = make()
+    keep = checkpoint.save(tmp_path, net, opt, step=2, data_pos=2)
     gone = tmp_path / "step_000001.ckpt"
-    keep = tmp_path / "step_000002.ckpt"
-    keep.write_bytes(b"x")
     monkeypatch.setattr(checkpoint, "list_checkpoints", lambda d: [keep, gone])
     assert checkpoint.prune(tmp_path, 1) == [gone] and keep.exists()
