@@ -58,9 +58,12 @@ Sources:
 from __future__ import annotations
 
 import math
+import numbers
 import os
+from collections.abc import Mapping
 from fractions import Fraction
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable
 
 # Bytes per parameter for (parameters, gradients, optimizer states) under Adam.
@@ -88,19 +91,64 @@ def llama_param_count(cfg: Any) -> int:
     Embedding V·h, an untied lm_head V·h, and per layer 2·h² (q, o) + 2·h·(kv·d) (k, v; kv =
     cfg.num_kv_heads if the object has it, else num_heads; d = h/num_heads: grouped-query
     attention) + 3·h·ffn (SwiGLU w1, w2, w3) + 2·h (two RMSNorm weights), then a final h norm.
+    `transformer_param_count(cfg)` with its defaults; cfg is a RunConfig, a Mapping or any object.
 
         >>> from mshelpers.config import RunConfig
         >>> llama_param_count(RunConfig.preset("mini"))
         3688704
     """
-    h, L, ffn, v = _pos_int(cfg, "hidden_size"), _pos_int(cfg, "num_layers"), \
-        _pos_int(cfg, "ffn_hidden_size"), _pos_int(cfg, "vocab_size")
+    return transformer_param_count(cfg, mlp="swiglu", tie_word_embeddings=False, bias=False,
+                                   norm="rms", learned_positions=0, _fn="llama_param_count")
+
+
+MLP_KINDS = ("swiglu", "gelu")
+NORM_KINDS = ("rms", "layer")
+
+
+def transformer_param_count(cfg: Any, *, mlp: str | None = None, tie_word_embeddings: bool | None = None,
+                            bias: bool | None = None, norm: str | None = None, num_kv_heads: int | None = None,
+                            learned_positions: int | None = None, _fn: str = "transformer_param_count") -> int:
+    """Parameters of a decoder-only transformer, LLaMA-style by default, GPT-style by switches.
+
+    cfg gives hidden_size, num_layers, vocab_size, num_heads and ffn_hidden_size (default 4·h)
+    as attributes or Mapping keys (Hugging Face names such as n_embd, num_hidden_layers,
+    num_attention_heads, intermediate_size are accepted too). Each switch is a keyword, else
+    the cfg field of the same name, else the LLaMA default:
+      mlp="swiglu" | "gelu"      3 matrices h·ffn (w1, w2, w3) or 2 (fc1, fc2)
+      tie_word_embeddings=False  True: the lm_head reuses the embedding (V·h counted once)
+      num_kv_heads=None          grouped-query attention: k and v are kv·(h/heads) wide
+      bias=False                 True: every Linear has a bias and LayerNorms have a beta
+      norm="rms" | "layer"       RMSNorm (h weights) or LayerNorm (h weights + h biases)
+      learned_positions=0        rows of a learned position table (GPT-2: 1024)
+
+    GPT-2 XL (h 1600, 48 layers, V 50257, 1024 positions, GELU, tied, biases, LayerNorm):
+        >>> transformer_param_count(dict(hidden_size=1600, num_layers=48, num_heads=25, vocab_size=50257),
+        ...     mlp="gelu", tie_word_embeddings=True, bias=True, norm="layer", learned_positions=1024)
+        1557611200
+    """
+    spec = _spec(_fn, cfg, need=("hidden_size", "num_layers", "vocab_size"))
+    h, L, v = spec.hidden_size, spec.num_layers, spec.vocab_size
+    mlp = _switch(_fn, "mlp", mlp, spec.mlp, MLP_KINDS)
+    norm = _switch(_fn, "norm", norm, spec.norm, NORM_KINDS)
+    tied = bool(spec.tie_word_embeddings if tie_word_embeddings is None else tie_word_embeddings)
+    bias = bool(spec.bias if bias is None else bias)
+    ffn = spec.ffn_hidden_size or 4 * h
+    kv = num_kv_heads if num_kv_heads is not None else spec.num_kv_heads
     kv_dim = h
-    if getattr(cfg, "num_kv_heads", None) is not None:
-        a, kv = _pos_int(cfg, "num_heads"), _pos_int(cfg, "num_kv_heads")
+    if kv is not None:
+        a = spec.num_heads
+        if a is None:
+            raise ValueError(f"{_fn}: num_kv_heads={kv} needs cfg.num_heads; fix: add num_heads to cfg")
+        kv = _pos_count(_fn, "num_kv_heads", kv)
         kv_dim = kv * (h // a)
-    per_layer = 2 * h * h + 2 * h * kv_dim + 3 * h * ffn + 2 * h
-    return 2 * v * h + L * per_layer + h
+    pos = _pos_count(_fn, "learned_positions", spec.learned_positions if learned_positions is None
+                     else learned_positions, zero_ok=True)
+    n_mats = 3 if mlp == "swiglu" else 2
+    per_norm = 2 * h if norm == "layer" else h
+    per_layer = 2 * h * h + 2 * h * kv_dim + n_mats * h * ffn + 2 * per_norm
+    if bias:    # q, o, k, v biases; fc biases: (n_mats - 1)·ffn + h
+        per_layer += 2 * h + 2 * kv_dim + (n_mats - 1) * ffn + h
+    return (1 if tied else 2) * v * h + pos * h + L * per_layer + per_norm
 
 
 # ---------------------------------------------------------------- model states
@@ -321,12 +369,7 @@ def estimate_stage(*, stage_params: int, layers: int, seq_len: int, micro_batch:
     fn = "estimate_stage"
     sp_, ly = _pos_arg(fn, "stage_params", stage_params), _pos_arg(fn, "layers", layers)
     inflight = _pos_arg(fn, "in_flight_micro_batches", in_flight_micro_batches)
-    if not isinstance(overhead_bytes, (int, float)) or isinstance(overhead_bytes, bool) or not overhead_bytes >= 0:
-        raise ValueError(f"estimate: overhead_bytes={overhead_bytes!r} is invalid; fix: pass a number >= 0")
-    if not isinstance(activation_scale, (int, float)) or isinstance(activation_scale, bool) \
-            or not activation_scale > 0:
-        raise ValueError(f"estimate: activation_scale={activation_scale!r} is invalid; "
-                         "fix: pass a positive number (1.0 = the formulas as published)")
+    _check_calibration(fn, overhead_bytes, activation_scale)
     if full_recompute_layers is None and select_recompute_layers is None:
         counts = {recompute: ly}
         if recompute not in RECOMPUTE_MODES:
@@ -389,8 +432,23 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
              num_kv_heads: int | None = None, arch: str = "gpt", parallel_optimizer: bool = False,
              in_flight_micro_batches: int | None = None, full_recompute_layers: int | None = None,
              select_recompute_layers: int | None = None, grad_accum_buffer: bool | None = None,
-             shard_grad_accum: bool = False) -> dict[str, int]:
-    """Peak training memory per device for a RunConfig, as a breakdown dict (bytes).
+             shard_grad_accum: bool = False, n_params: int | None = None, mlp: str | None = None,
+             tie_word_embeddings: bool | None = None, bias: bool | None = None,
+             norm: str | None = None) -> dict[str, int]:
+    """Peak training memory per device for a model and batch, as a breakdown dict (bytes).
+
+    cfg is a RunConfig, a Mapping (e.g. a dict or a Hugging Face config's to_dict()) or any
+    object with these fields (Hugging Face names in brackets are read too):
+      required   hidden_size (n_embd), num_layers (num_hidden_layers, n_layer), num_heads
+                 (num_attention_heads, n_head), vocab_size, seq_len (seq_length), batch_size
+      optional   ffn_hidden_size (intermediate_size, n_inner; default 4·hidden_size),
+                 num_kv_heads (num_key_value_heads, multi_query_group_num), compute_dtype
+                 ("float32"), recompute ("none"), and the parallel fields dp, mp, pp,
+                 micro_batches, grad_accum (each 1 when absent)
+      switches   mlp, tie_word_embeddings, bias, norm, learned_positions: see
+                 `transformer_param_count` (keywords here win over cfg fields)
+    All missing required fields are named in one ValueError. `n_params=` skips the count and
+    uses yours (e.g. `sum(p.size for p in net.get_parameters())`).
 
     Parallel degrees come from `layout` (any object with dp, mp (or tp), pp, micro_batches)
     or else from cfg.mp/pp/micro_batches with dp = n_devices/(mp·pp) (cfg.dp when n_devices=1).
@@ -431,18 +489,9 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
         >>> e["params"], e["total"] == e["params"] + e["grads"] + e["optimizer_states"] + e["activations"]
         (14754816, True)
     """
-    if getattr(cfg, "validate", None) is None:
-        raise ValueError(f"estimate: cfg={type(cfg).__name__} is not a RunConfig; "
-                         "fix: pass mshelpers.config.RunConfig.preset(...) or a .replace() of one")
-    cfg.validate()
-    if not isinstance(n_devices, int) or isinstance(n_devices, bool) or n_devices <= 0:
-        raise ValueError(f"estimate: n_devices={n_devices!r} is invalid; fix: pass a positive integer")
-    if not isinstance(overhead_bytes, (int, float)) or isinstance(overhead_bytes, bool) or not overhead_bytes >= 0:
-        raise ValueError(f"estimate: overhead_bytes={overhead_bytes!r} is invalid; fix: pass a number >= 0")
-    if not isinstance(activation_scale, (int, float)) or isinstance(activation_scale, bool) \
-            or not activation_scale > 0:
-        raise ValueError(f"estimate: activation_scale={activation_scale!r} is invalid; "
-                         "fix: pass a positive number (1.0 = the formulas as published)")
+    cfg = _spec("estimate", cfg)
+    n_devices = _pos_count("estimate", "n_devices", n_devices)
+    _check_calibration("estimate", overhead_bytes, activation_scale)
     dp, tp, pp, micro = _degrees(cfg, n_devices, layout)
     if cfg.batch_size % (dp * micro):
         raise ValueError(f"estimate: cfg.batch_size={cfg.batch_size} is not divisible by dp*micro_batches = "
@@ -451,15 +500,19 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
     accounting = accounting or ("mixed" if half else "fp32")
     bpv = bytes_per_value or (2 if half else 4)
     sp = bool(getattr(layout, "sequence_parallel", False)) if sequence_parallel is None else sequence_parallel
-    kv = num_kv_heads if num_kv_heads is not None else getattr(cfg, "num_kv_heads", None)
-    n_params = llama_param_count(cfg if kv is None or getattr(cfg, "num_kv_heads", None) == kv
-                                 else _WithKV(cfg, kv))
+    kv = num_kv_heads if num_kv_heads is not None else cfg.num_kv_heads
+    if n_params is None:
+        n_params = transformer_param_count(cfg, mlp=mlp, tie_word_embeddings=tie_word_embeddings, bias=bias,
+                                           norm=norm, num_kv_heads=kv, _fn="estimate")
+    else:
+        n_params = _pos_count("estimate", "n_params", n_params)
     local_params = -(-n_params // (tp * pp))   # tp and pp split the weights; ZeRO then shards over dp
     return estimate_stage(
         stage_params=local_params, layers=cfg.num_layers // pp, seq_len=cfg.seq_len,
         micro_batch=cfg.batch_size // (dp * micro), hidden_size=cfg.hidden_size, num_heads=cfg.num_heads,
         vocab_size=cfg.vocab_size, num_kv_heads=kv,
-        ffn_hidden_size=cfg.ffn_hidden_size if arch == "llama" else None, arch=arch, dp=dp, tp=tp,
+        ffn_hidden_size=(cfg.ffn_hidden_size or 4 * cfg.hidden_size) if arch == "llama" else None, arch=arch,
+        dp=dp, tp=tp,
         sequence_parallel=sp, flash_attention=flash_attention, recompute=cfg.recompute,
         full_recompute_layers=full_recompute_layers, select_recompute_layers=select_recompute_layers,
         in_flight_micro_batches=min(pp, micro) if in_flight_micro_batches is None else in_flight_micro_batches,
@@ -468,16 +521,6 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
         shard_grad_accum=shard_grad_accum, bytes_per_value=bpv, output_layer=True,
         offload_optimizer=offload_optimizer, activation_scale=activation_scale,
         overhead_bytes=overhead_bytes, n_params=n_params)
-
-
-class _WithKV:
-    """A RunConfig view with num_kv_heads set (RunConfig has no such field)."""
-
-    def __init__(self, cfg: Any, kv: int):
-        self._cfg, self.num_kv_heads = cfg, kv
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cfg, name)
 
 
 # ---------------------------------------------------------------- mindformers configs
@@ -706,7 +749,7 @@ def fits(cfg: Any, budget_bytes: float, **kw: Any) -> bool:
         (False, True)
     """
     _check_budget("fits", budget_bytes)
-    return estimate(cfg, **kw)["total"] <= budget_bytes
+    return estimate(_spec("fits", cfg), **kw)["total"] <= budget_bytes
 
 
 def max_batch_for_budget(cfg: Any, budget_bytes: float, *, limit: int = 1 << 20, **kw: Any) -> int:
@@ -722,6 +765,7 @@ def max_batch_for_budget(cfg: Any, budget_bytes: float, *, limit: int = 1 << 20,
         True
     """
     _check_budget("max_batch_for_budget", budget_bytes)
+    cfg = _spec("max_batch_for_budget", cfg)
     estimate(cfg, **kw)              # validates cfg and kw once, before the search
     dp, _, _, micro = _degrees(cfg, kw.get("n_devices", 1), kw.get("layout"))
     unit = dp * micro
@@ -947,21 +991,103 @@ def human_bytes(n: float) -> str:
 
 
 def _pos_int(cfg: Any, name: str) -> int:
-    v = getattr(cfg, name, None)
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise ValueError(f"llama_param_count: cfg.{name}={v!r} is invalid; fix: a positive integer "
-                         "(pass a RunConfig)")
-    return v
+    v = cfg.get(name) if isinstance(cfg, Mapping) else getattr(cfg, name, None)
+    return _pos_count("llama_param_count", f"cfg.{name}", v)
+
+
+def _pos_count(fn: str, name: str, v: Any, zero_ok: bool = False) -> int:
+    """A count from an int, a numpy integer or a float with an integral value (7e9); else one ValueError."""
+    if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v)) \
+            and float(v).is_integer() and (int(v) > 0 or zero_ok and int(v) == 0):
+        return int(v)
+    raise ValueError(f"{fn}: {name}={v!r} is invalid; fix: pass a {'non-negative' if zero_ok else 'positive'} "
+                     "integer" + (" (a count has no fraction)" if isinstance(v, float) and math.isfinite(v) else ""))
 
 
 def _pos_arg(fn: str, name: str, v: Any) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise ValueError(f"{fn}: {name}={v!r} is invalid; fix: pass a positive integer")
+    return _pos_count(fn, name, v)
+
+
+def _check_calibration(fn: str, overhead_bytes: Any, activation_scale: Any) -> None:
+    if not isinstance(overhead_bytes, numbers.Real) or isinstance(overhead_bytes, bool) or not overhead_bytes >= 0:
+        raise ValueError(f"{fn}: overhead_bytes={overhead_bytes!r} is invalid; fix: pass a number >= 0")
+    if not isinstance(activation_scale, numbers.Real) or isinstance(activation_scale, bool) \
+            or not activation_scale > 0:
+        raise ValueError(f"{fn}: activation_scale={activation_scale!r} is invalid; "
+                         "fix: pass a positive number (1.0 = the formulas as published)")
+
+
+# The fields estimate/fits/max_batch_for_budget read, and the other names they are found under.
+_FIELD_ALIASES: dict[str, tuple[str, ...]] = {
+    "hidden_size": ("n_embd", "d_model"), "num_layers": ("num_hidden_layers", "n_layer"),
+    "num_heads": ("num_attention_heads", "n_head"), "vocab_size": ("padded_vocab_size",),
+    "seq_len": ("seq_length", "n_positions"), "batch_size": (),
+    "ffn_hidden_size": ("intermediate_size", "n_inner"),
+    "num_kv_heads": ("num_key_value_heads", "n_kv_heads", "multi_query_group_num"),
+}
+_REQUIRED = ("hidden_size", "num_layers", "num_heads", "vocab_size", "seq_len", "batch_size")
+_OPTIONAL = {"ffn_hidden_size": None, "num_kv_heads": None, "compute_dtype": "float32", "recompute": "none",
+             "dp": 1, "mp": 1, "pp": 1, "micro_batches": 1, "grad_accum": 1, "mlp": "swiglu", "norm": "rms",
+             "tie_word_embeddings": False, "bias": False, "learned_positions": 0}
+_INT_FIELDS = ("hidden_size", "num_layers", "num_heads", "vocab_size", "seq_len", "batch_size",
+               "ffn_hidden_size", "num_kv_heads", "dp", "mp", "pp", "micro_batches", "grad_accum")
+
+
+class _Spec(SimpleNamespace):
+    """The fields of a model/batch config, read once from a RunConfig, a Mapping or any object."""
+
+    def replace(self, **kw: Any) -> "_Spec":
+        return _Spec(**{**vars(self), **kw})
+
+
+def _spec(fn: str, cfg: Any, need: tuple[str, ...] = _REQUIRED) -> _Spec:
+    """Read cfg's fields (aliases included); one ValueError names every missing required field."""
+    if isinstance(cfg, _Spec):
+        missing = [k for k in need if getattr(cfg, k, None) is None]
+    else:
+        if not isinstance(cfg, Mapping) and callable(getattr(cfg, "validate", None)):
+            cfg.validate()                       # a RunConfig checks itself first
+        if isinstance(cfg, Mapping):
+            get = cfg.get
+        elif cfg is None or isinstance(cfg, (str, bytes, numbers.Number)):
+            raise ValueError(f"{fn}: cfg={cfg!r} is not a config; fix: pass a RunConfig, a dict or an object "
+                             f"with fields {', '.join(_REQUIRED)}")
+        else:
+            get = lambda k, d=None: getattr(cfg, k, d)   # noqa: E731
+        vals: dict[str, Any] = {}
+        for name in (*_REQUIRED, *_OPTIONAL):
+            v = get(name, None)
+            for alias in _FIELD_ALIASES.get(name, ()):
+                if v is None:
+                    v = get(alias, None)
+            vals[name] = _OPTIONAL.get(name) if v is None else v
+        if vals["mlp"] == "swiglu" and get("hidden_act", None) in ("gelu", "gelu_new", "gelu_pytorch_tanh") \
+                and get("mlp", None) is None:
+            vals["mlp"] = "gelu"                 # a Hugging Face GPT-style config says so by its activation
+        cfg = _Spec(**vals)
+        missing = [k for k in need if getattr(cfg, k) is None]
+    for name in _INT_FIELDS:                     # a field that is there but wrong is named first
+        v = getattr(cfg, name)
+        if v is not None:
+            setattr(cfg, name, _pos_count(fn, f"cfg.{name}", v))
+    if missing:
+        raise ValueError(f"{fn}: cfg lacks {', '.join(missing)}; fix: give {'it' if len(missing) == 1 else 'them'} "
+                         f"as attributes or dict keys (parallel fields dp, mp, pp, micro_batches, grad_accum "
+                         f"default to 1)")
+    if cfg.recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"{fn}: cfg.recompute={cfg.recompute!r} is invalid; fix: one of {RECOMPUTE_MODES}")
+    return cfg
+
+
+def _switch(fn: str, name: str, given: Any, from_cfg: Any, allowed: tuple[str, ...]) -> str:
+    v = from_cfg if given is None else given
+    if v not in allowed:
+        raise ValueError(f"{fn}: {name}={v!r} is invalid; fix: one of {allowed}")
     return v
 
 
 def _check_budget(fn: str, budget: Any) -> None:
-    if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not budget > 0 or math.isinf(budget):
+    if not isinstance(budget, numbers.Real) or isinstance(budget, bool) or not budget > 0 or math.isinf(budget):
         raise ValueError(f"{fn}: budget_bytes={budget!r} is invalid; fix: pass a positive number of bytes, "
                          "e.g. 16 * 2**30 for 16 GiB")
 

@@ -24,12 +24,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-try:  # StepLogger is a MindSpore Callback when MindSpore is present; plain loops work without it
-    from mindspore.train import Callback as _Callback
-except Exception:  # noqa: BLE001
-    _Callback = object
-
-
 def flops_per_token(n_params: int, n_layers: int, hidden_size: int, seq_len: int, *,
                     attention: bool = True) -> int:
     """Training FLOPs per token: 6*N + 12*L*H*T (PaLM, Chowdhery et al. 2022, appendix B).
@@ -311,52 +305,160 @@ def peak_memory_mb() -> float:
 COLUMNS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "mfu",
            "peak_mem_mb", "overflow", "loss_scale", "spike")
 
+# What a train cell returns, and how StepLogger reads it (the `outputs=` contract).
+OUTPUT_FORMATS = ("loss", "loss_overflow_scale")
 
-class StepLogger(_Callback):
+_CALLBACK_CLASSES: dict[type, type] = {}
+
+
+def _as_callback_class(cls: type) -> type:
+    """cls with mindspore.train.Callback mixed in (MindSpore's Model.train checks isinstance(cb, Callback))."""
+    if cls not in _CALLBACK_CLASSES:
+        from mindspore.train import Callback
+        _CALLBACK_CLASSES[cls] = cls if issubclass(cls, Callback) else type(cls.__name__, (cls, Callback),
+                                                                            {"__module__": cls.__module__})
+    return _CALLBACK_CLASSES[cls]
+
+
+def _scalar(what: str, v: Any) -> float:
+    """A Python float from a number, a 0-d or one-element array, or a MindSpore Tensor; else one ValueError."""
+    import numbers
+    if hasattr(v, "asnumpy"):
+        v = v.asnumpy()
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        return float(v)
+    size = getattr(v, "size", None)
+    if size == 1 and hasattr(v, "reshape"):
+        return float(v.reshape(()))
+    shape = getattr(v, "shape", None)
+    raise ValueError(f"StepLogger: {what}={v!r:.80} is not a scalar"
+                     + (f" (shape {tuple(shape)})" if shape is not None else f" (type {type(v).__name__})")
+                     + f"; fix: reduce it to one number (e.g. .mean()) in the network, or pass "
+                       f"outputs=<function returning {{'loss': float, ...}}>")
+
+
+class StepLogger:
     """One CSV row per step: loss, lr, grad norm, time, tokens/s, MFU, peak memory, overflow, scale.
 
     From a plain loop:
         log = StepLogger("build/runs/x.csv", tokens_per_step=1024, flops_per_token=fpt,
                          peak_flops_per_device=185e9)
         log.log_step(step=1, loss=6.9, step_time_s=0.2)
-    As a MindSpore Callback (`model.train(..., callbacks=[log])`) it times each step
-    and reads the loss (and overflow/scale, if the network returns them) itself.
+    As a MindSpore Callback (`model.train(..., callbacks=[log])`) it times each step and reads
+    the network's output by an explicit contract, `outputs=`:
+        "loss"                 (default) the train cell returns one scalar loss; anything else is a ValueError
+        "loss_overflow_scale"  it returns (loss, overflow, loss_scale), as TrainOneStepWithLossScaleCell does
+        a function             f(net_outputs) -> dict with "loss" and any of "overflow", "loss_scale",
+                               "grad_norm", "lr" (e.g. for a cell returning (loss, acc, n_tokens))
+    lr and grad_norm come from `lr_fn(step) -> float` and `grad_norm_fn(step) -> float` when given (a
+    train cell can keep its last grad norm in a Parameter for grad_norm_fn to read); otherwise lr is the
+    optimizer's learning rate when it is a fixed number, and grad_norm is NaN.
+    The logger is a `mindspore.train.Callback` when MindSpore is already imported at construction;
+    `log.as_callback()` makes it one explicitly. The module itself never imports MindSpore.
+
+    An existing non-empty CSV is never truncated silently: pass `append=True` to continue it (a resumed
+    run) or `overwrite=True` to start it over; with neither, the constructor raises ValueError.
     tokens_per_step and n_devices are global, so tokens/s is the job's, not one rank's.
     """
 
     def __init__(self, csv_path: str | os.PathLike | None, tokens_per_step: int, flops_per_token: float,
-                 peak_flops_per_device: float, n_devices: int = 1, lr_fn=None) -> None:
-        if tokens_per_step <= 0:
+                 peak_flops_per_device: float, n_devices: int = 1, lr_fn: Any = None, *,
+                 grad_norm_fn: Any = None, outputs: Any = "loss", append: bool = False,
+                 overwrite: bool = False) -> None:
+        import numbers
+        import sys
+        if isinstance(tokens_per_step, bool) or not isinstance(tokens_per_step, numbers.Real) \
+                or not tokens_per_step > 0:
             raise ValueError(f"StepLogger: tokens_per_step={tokens_per_step} is invalid; fix: pass batch*seq_len > 0")
-        if n_devices < 1:
+        if isinstance(n_devices, bool) or not isinstance(n_devices, numbers.Real) or not n_devices >= 1:
             raise ValueError(f"StepLogger: n_devices={n_devices} is invalid; fix: pass >= 1")
-        super().__init__()
+        tokens_per_step = _count("StepLogger", "tokens_per_step", tokens_per_step)
+        n_devices = _count("StepLogger", "n_devices", n_devices)
+        for name, v in (("flops_per_token", flops_per_token), ("peak_flops_per_device", peak_flops_per_device)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not float(v) > 0:
+                raise ValueError(f"StepLogger: {name}={v!r} is invalid; fix: pass a number > 0")
+        if not (outputs in OUTPUT_FORMATS or callable(outputs)):
+            raise ValueError(f"StepLogger: outputs={outputs!r} is invalid; fix: one of {OUTPUT_FORMATS} or a "
+                             "function net_outputs -> {'loss': ..., 'overflow': ..., 'loss_scale': ...}")
+        for name, fn in (("lr_fn", lr_fn), ("grad_norm_fn", grad_norm_fn)):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"StepLogger: {name}={fn!r} is not callable; fix: pass a function step -> float")
+        if append and overwrite:
+            raise ValueError("StepLogger: append=True and overwrite=True contradict; fix: pick one")
+        if "mindspore" in sys.modules and type(self) is not _as_callback_class(type(self)):
+            self.__class__ = _as_callback_class(type(self))
+            super(StepLogger, self).__init__()          # Callback.__init__, if it has one
         self.csv_path = Path(csv_path) if csv_path else None
-        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
-        self.peak_flops_per_device, self.n_devices, self.lr_fn = peak_flops_per_device, n_devices, lr_fn
+        self.tokens_per_step, self.flops_per_token = tokens_per_step, float(flops_per_token)
+        self.peak_flops_per_device, self.n_devices = float(peak_flops_per_device), n_devices
+        self.lr_fn, self.grad_norm_fn, self.outputs = lr_fn, grad_norm_fn, outputs
         self.rows: list[dict] = []
         if self.csv_path:
+            exists = self.csv_path.exists() and self.csv_path.stat().st_size > 0
+            if exists and not (append or overwrite):
+                raise ValueError(f"StepLogger: csv_path={str(self.csv_path)!r} already exists and is not empty; "
+                                 "fix: append=True to continue it (a resumed run) or overwrite=True to start over")
             self.csv_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.csv_path.open("w", newline="") as f:
-                csv.writer(f).writerow(COLUMNS)
+            if exists and append:
+                with self.csv_path.open(newline="") as f:
+                    header = next(csv.reader(f), [])
+                if tuple(header) != COLUMNS:
+                    raise ValueError(f"StepLogger: csv_path={str(self.csv_path)!r} has columns {header}, not "
+                                     f"{list(COLUMNS)}; fix: append only to a StepLogger CSV, or overwrite=True")
+            else:
+                with self.csv_path.open("w", newline="") as f:
+                    csv.writer(f).writerow(COLUMNS)
+
+    def as_callback(self) -> "StepLogger":
+        """This logger as a `mindspore.train.Callback` (imports MindSpore); returns self."""
+        if type(self) is not _as_callback_class(type(self)):
+            self.__class__ = _as_callback_class(type(self))
+        return self
 
     def log_step(self, step: int, loss: float, step_time_s: float, *, lr: float = float("nan"),
                  grad_norm: float = float("nan"), overflow: bool = False, loss_scale: float = 1.0,
                  peak_mem_mb: float | None = None, spike: bool = False) -> dict:
-        """Log one step; `spike=True` marks a step redone after a spike rollback (mshelpers.stability)."""
+        """Log one step; `spike=True` marks a step redone after a spike rollback (mshelpers.stability).
+
+        loss, lr, grad_norm, step_time_s may be Python or numpy numbers, 0-d arrays or MindSpore Tensors;
+        a loss with more than one element is a ValueError (reduce it first).
+        """
+        loss, step_time_s = _scalar("loss", loss), _scalar("step_time_s", step_time_s)
+        lr, grad_norm = _scalar("lr", lr), _scalar("grad_norm", grad_norm)
         tps = self.tokens_per_step / step_time_s if step_time_s > 0 else float("nan")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # a compile step can look odd; MFU > 1 is checked on summaries
             u = mfu(tps, self.flops_per_token, self.n_devices, self.peak_flops_per_device) if tps == tps else tps
-        row = dict(step=int(step), loss=float(loss), lr=float(lr), grad_norm=float(grad_norm),
-                   step_time_s=float(step_time_s), tokens_per_s=tps, mfu=u,
+        row = dict(step=int(step), loss=loss, lr=lr, grad_norm=grad_norm,
+                   step_time_s=step_time_s, tokens_per_s=tps, mfu=u,
                    peak_mem_mb=peak_memory_mb() if peak_mem_mb is None else float(peak_mem_mb),
-                   overflow=bool(overflow), loss_scale=float(loss_scale), spike=bool(spike))
+                   overflow=bool(overflow), loss_scale=_scalar("loss_scale", loss_scale), spike=bool(spike))
         self.rows.append(row)
         if self.csv_path:
             with self.csv_path.open("a", newline="") as f:
                 csv.DictWriter(f, fieldnames=COLUMNS).writerow(row)
         return row
+
+    def read_outputs(self, net_outputs: Any) -> dict:
+        """The `outputs=` contract applied to what the train cell returned: a dict with at least "loss"."""
+        if callable(self.outputs):
+            got = self.outputs(net_outputs)
+            if not isinstance(got, dict) or "loss" not in got:
+                raise ValueError(f"StepLogger: outputs function returned {got!r:.80}; fix: return a dict with "
+                                 "'loss' and optionally 'overflow', 'loss_scale', 'grad_norm', 'lr'")
+            return dict(got)
+        if self.outputs == "loss_overflow_scale":
+            if not isinstance(net_outputs, (tuple, list)) or len(net_outputs) != 3:
+                raise ValueError(f"StepLogger: outputs='loss_overflow_scale' but the network returned "
+                                 f"{_describe(net_outputs)}; fix: outputs='loss' for a single loss, or a function")
+            loss, overflow, scale = net_outputs
+            return {"loss": loss, "overflow": bool(_scalar("overflow", overflow)),
+                    "loss_scale": _scalar("loss_scale", scale)}
+        if isinstance(net_outputs, (tuple, list)):
+            raise ValueError(f"StepLogger: outputs='loss' but the network returned {_describe(net_outputs)}; "
+                             "fix: outputs='loss_overflow_scale' for TrainOneStepWithLossScaleCell, or "
+                             "outputs=lambda out: {'loss': out[0]} to pick the loss yourself")
+        return {"loss": net_outputs}
 
     # ---- MindSpore Callback hooks
     def on_train_step_begin(self, run_context) -> None:
@@ -364,18 +466,30 @@ class StepLogger(_Callback):
 
     def on_train_step_end(self, run_context) -> None:
         cb = run_context.original_args()
-        out = cb.net_outputs
-        overflow, scale = False, 1.0
-        if isinstance(out, (tuple, list)):   # TrainOneStepWithLossScaleCell: (loss, overflow, scale)
-            loss = out[0]
-            if len(out) >= 3:
-                overflow, scale = bool(out[1].asnumpy()), float(out[2].asnumpy())
-        else:
-            loss = out
-        loss = float(loss.asnumpy())
+        dt = time.perf_counter() - self._t0
+        got = self.read_outputs(cb.net_outputs)
         step = cb.cur_step_num
-        lr = self.lr_fn(step) if self.lr_fn else float("nan")
-        self.log_step(step, loss, time.perf_counter() - self._t0, lr=lr, overflow=overflow, loss_scale=scale)
+        lr = got.get("lr", self.lr_fn(step) if self.lr_fn else _fixed_lr(getattr(cb, "optimizer", None)))
+        grad_norm = got.get("grad_norm", self.grad_norm_fn(step) if self.grad_norm_fn else float("nan"))
+        self.log_step(step, got["loss"], dt, lr=lr, grad_norm=grad_norm,
+                      overflow=bool(got.get("overflow", False)), loss_scale=got.get("loss_scale", 1.0))
+
+
+def _describe(out: Any) -> str:
+    if isinstance(out, (tuple, list)):
+        return f"a {type(out).__name__} of {len(out)}"
+    return f"one {type(out).__name__}" + (f" of shape {tuple(out.shape)}" if hasattr(out, "shape") else "")
+
+
+def _fixed_lr(optimizer: Any) -> float:
+    """The optimizer's learning rate when it is one number (a Parameter); NaN for schedules or no optimizer."""
+    lr = getattr(optimizer, "learning_rate", None)
+    try:
+        if lr is not None and hasattr(lr, "asnumpy") and lr.asnumpy().size == 1:
+            return float(lr.asnumpy().reshape(()))
+    except Exception:  # noqa: BLE001 - a schedule cell has no single value
+        pass
+    return float("nan")
 
 
 def summarize(rows: list[dict], skip_first: int = 1) -> dict[str, Any]:

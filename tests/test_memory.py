@@ -199,7 +199,7 @@ def test_max_batch_zero_when_states_do_not_fit_and_recompute_helps():
     (lambda: activation_bytes_per_layer(0, 1, 8, 2), "seq_len=0"),
     (lambda: activation_bytes_per_layer(8, 1, 8, 2, recompute="some"), "recompute='some'"),
     (lambda: activation_bytes_per_layer(8, 1, 8, 2, bytes_per_value=0), "bytes_per_value=0"),
-    (lambda: estimate({"hidden_size": 8}), "not a RunConfig"),
+    (lambda: estimate({"hidden_size": 8}), "cfg lacks num_layers, num_heads, vocab_size, seq_len, batch_size"),
     (lambda: estimate(MINI.replace(batch_size=0)), "batch_size=0"),
     (lambda: estimate(MINI, n_devices=3), "batch_size=8"),
     (lambda: estimate(MINI.replace(mp=2), n_devices=3), "n_devices=3"),
