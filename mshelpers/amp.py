@@ -165,7 +165,8 @@ def activation_stats(net: Any, *inputs: Any) -> list[dict]:
 
     Each row: {"cell": dotted name ("" for net itself), "type": class name, "dtype": dtype of
     the first floating output, "max_abs": largest finite |value| over the floating outputs,
-    "finite": False if any floating output holds inf or NaN}.
+    "finite": False if any floating output holds inf or NaN, "inputs_finite": False if any
+    floating input already did}.
 
     Example:
         >>> rows = activation_stats(net, x)
@@ -175,15 +176,16 @@ def activation_stats(net: Any, *inputs: Any) -> list[dict]:
     names = {id(c): n for n, c in net.cells_and_names()}
     rows: list[dict] = []
 
-    def hook(cell: Any, _args: Any, output: Any) -> None:
+    def hook(cell: Any, args: Any, output: Any) -> None:
         floats = [t for t in _tensors_in(output) if _is_float(t)]
         arrays = [_to_numpy_f32(t) for t in floats]
         finite = all(bool(np.isfinite(a).all()) for a in arrays)
         finite_vals = [np.abs(a[np.isfinite(a)]) for a in arrays]
         max_abs = max((float(v.max()) for v in finite_vals if v.size), default=float("nan"))
+        inputs_finite = all(bool(np.isfinite(_to_numpy_f32(t)).all()) for t in _tensors_in(args) if _is_float(t))
         rows.append({"cell": names.get(id(cell), "?"), "type": type(cell).__name__,
                      "dtype": _dtype_name(floats[0]) if floats else "-",
-                     "max_abs": max_abs, "finite": finite})
+                     "max_abs": max_abs, "finite": finite, "inputs_finite": inputs_finite})
 
     handles = []
     with _PyNative():
@@ -198,11 +200,13 @@ def activation_stats(net: Any, *inputs: Any) -> list[dict]:
 
 
 class NonfiniteReport(NamedTuple):
-    """What `find_first_nonfinite(..., grads=True)` found: the first sub-cell whose forward
-    output is non-finite and the first parameter (walking back from the loss) whose gradient is
-    non-finite. Either is None when everything is finite."""
+    """What `find_first_nonfinite(..., grads=True)` found: the sub-cell where the forward pass first
+    turned non-finite, and the first parameter (walking back from the loss) whose gradient is
+    non-finite. Either is None when everything is finite. When the forward is already non-finite,
+    every gradient is downstream of it, so `param` is None and `note` says so."""
     cell: str | None
     param: str | None
+    note: str | None = None
 
 
 def _first_nonfinite_grad(net: Any, inputs: tuple) -> str | None:
@@ -221,13 +225,26 @@ def _first_nonfinite_grad(net: Any, inputs: tuple) -> str | None:
     return None
 
 
-def find_first_nonfinite(net: Any, *inputs: Any, grads: bool = False) -> str | NonfiniteReport | None:
-    """Name of the first sub-cell whose forward output contains inf or NaN, or None.
+def _origin(rows: list[dict]) -> str | None:
+    """The cell where the forward turned non-finite: the first (to finish) whose inputs were finite and
+    output not. A cell that only passed on a non-finite input is skipped, so an overflow in a parent's own
+    construct (e.g. its MatMul) is named as that parent, not as the child it then fed (e.g. its softmax)."""
+    bad = [r for r in rows if not r["finite"]]
+    if not bad:
+        return None
+    return next((r["cell"] for r in bad if r.get("inputs_finite", True)), bad[0]["cell"])
 
-    "First" means first to finish, so the innermost layer that produced the overflow is named,
-    not the block around it. The root network is reported as "" only if no sub-cell overflowed
-    (the overflow happened in its own construct). With `grads=True` the network must return a
-    loss (or a tensor to differentiate) and the result is a `NonfiniteReport(cell, param)`.
+
+def find_first_nonfinite(net: Any, *inputs: Any, grads: bool = False) -> str | NonfiniteReport | None:
+    """Name of the sub-cell where the forward output first turned inf or NaN, or None.
+
+    That is the first cell to finish whose floating inputs were all finite and whose output is
+    not: an overflow inside a leaf (a Dense) names the leaf; an overflow in a cell's own construct
+    code (its children's outputs finite, its own output not) names that cell, even when it then
+    passed the inf on to a child such as a softmax. The root network is reported as "" when the
+    overflow happened in its own construct. With `grads=True` the network must return a loss
+    (or a tensor to differentiate) and the result is a `NonfiniteReport(cell, param, note)`; with
+    a non-finite forward, `param` is None and `note` says the forward must be fixed first.
 
     Example:
         >>> find_first_nonfinite(net, input_ids)                 # e.g. 'model.layers.2.feed_forward.w2'
@@ -236,10 +253,14 @@ def find_first_nonfinite(net: Any, *inputs: Any, grads: bool = False) -> str | N
     _check_net_and_inputs("find_first_nonfinite", net, inputs)
     if not isinstance(grads, bool):
         raise ValueError(f"find_first_nonfinite: grads={grads!r} must be True or False")
-    first = next((r["cell"] for r in activation_stats(net, *inputs) if not r["finite"]), None)
+    first = _origin(activation_stats(net, *inputs))
     if not grads:
         return first
-    return NonfiniteReport(cell=first, param=_first_nonfinite_grad(net, inputs))
+    if first is not None:
+        return NonfiniteReport(cell=first, param=None,
+                               note=f"the forward pass is already non-finite at {first!r}: every gradient "
+                                    "depends on it, so no parameter is named; fix the forward first")
+    return NonfiniteReport(cell=None, param=_first_nonfinite_grad(net, inputs))
 
 
 # ------------------------------------------------------------------- dtypes
@@ -301,14 +322,15 @@ def make_scaled_train_step(loss_net: Any, optimizer: Any, *, init_scale: float =
                            jit: bool = True) -> Callable[[Any], ScaledStepResult]:
     """A train step with `ms.amp.DynamicLossScaler` and `ms.amp.all_finite`, with its knobs exposed.
 
-    `loss_net(x)` must take one tensor and return the scalar loss: mindformers'
-    LlamaForCausalLM called with input_ids does, and so does a hand-written LM whose
-    construct(input_ids) returns the loss. On a step whose gradients overflow, the update is
-    skipped and the scale divided by `scale_factor`; after `scale_window` finite steps in a row
-    it is multiplied by it. The step itself is `mshelpers.train.make_train_step` (one
-    implementation for the whole cookbook); this function only builds the scaler.
+    `loss_net(*inputs)` must return the scalar loss: mindformers' LlamaForCausalLM called with
+    input_ids does, and so does a loss cell such as `nn.WithLossCell(net, loss_fn)` called with
+    (data, label). The first call checks the inputs against loss_net.construct's signature and
+    raises one ValueError naming the arguments before any gradient is taken. On a step whose
+    gradients overflow, the update is skipped and the scale divided by `scale_factor`; after
+    `scale_window` finite steps in a row it is multiplied by it. Needs MindSpore only (no
+    RunConfig): the step is the same as `mshelpers.train.make_train_step`'s with a dynamic scaler.
 
-    Returns `step(x) -> ScaledStepResult(loss, finite, scale, grad_norm)` as Python numbers;
+    Returns `step(*inputs) -> ScaledStepResult(loss, finite, scale, grad_norm)` as Python numbers;
     `scale` is the value after this step's adjustment. `step.scaler` is the scaler.
 
     Example:
@@ -317,7 +339,7 @@ def make_scaled_train_step(loss_net: Any, optimizer: Any, *, init_scale: float =
         >>> r = step(input_ids); r.loss, r.finite, r.scale
     """
     import mindspore as ms
-    from mindspore import nn
+    from mindspore import nn, ops
 
     if not isinstance(loss_net, nn.Cell):
         raise ValueError(f"make_scaled_train_step: loss_net={type(loss_net).__name__} is not an nn.Cell; "
@@ -325,33 +347,81 @@ def make_scaled_train_step(loss_net: Any, optimizer: Any, *, init_scale: float =
     if not isinstance(optimizer, nn.Optimizer):
         raise ValueError(f"make_scaled_train_step: optimizer={type(optimizer).__name__} is not an "
                          f"nn.Optimizer; fix: e.g. nn.AdamWeightDecay(net.trainable_params(), 1e-3)")
-    if not (isinstance(init_scale, (int, float)) and init_scale >= 1):
+    import numbers
+
+    if not (isinstance(init_scale, numbers.Real) and not isinstance(init_scale, bool) and init_scale >= 1):
         raise ValueError(f"make_scaled_train_step: init_scale={init_scale!r} must be a number >= 1, e.g. 2**16")
+    if isinstance(scale_factor, numbers.Real) and not isinstance(scale_factor, bool) \
+            and float(scale_factor).is_integer():
+        scale_factor = int(scale_factor)     # numpy ints and 2.0 are fine; DynamicLossScaler wants an int
     if not (isinstance(scale_factor, int) and scale_factor >= 2):
         raise ValueError(f"make_scaled_train_step: scale_factor={scale_factor!r} must be an int >= 2 "
                          f"(DynamicLossScaler only accepts integers), e.g. 2")
+    if isinstance(scale_window, numbers.Integral) and not isinstance(scale_window, bool):
+        scale_window = int(scale_window)
     if not (isinstance(scale_window, int) and scale_window >= 1):
         raise ValueError(f"make_scaled_train_step: scale_window={scale_window!r} must be an int >= 1, e.g. 1000")
-    if not (isinstance(grad_clip, (int, float)) and grad_clip >= 0):
+    if not (isinstance(grad_clip, numbers.Real) and not isinstance(grad_clip, bool) and grad_clip >= 0):
         raise ValueError(f"make_scaled_train_step: grad_clip={grad_clip!r} must be >= 0 (0 disables clipping)")
-
-    from .config import RunConfig
-    from .train import make_train_step
 
     scaler = ms.amp.DynamicLossScaler(scale_value=float(init_scale), scale_factor=scale_factor,
                                       scale_window=scale_window)
-    # make_train_step reads only mode, grad_clip, grad_accum and dynamic_loss_scale from the config
-    cfg = RunConfig().replace(mode="graph" if jit else "pynative", grad_clip=float(grad_clip),
-                              dynamic_loss_scale=True, loss_scale=float(init_scale))
-    inner = make_train_step(loss_net, optimizer, cfg, loss_scaler=scaler)
+    params = optimizer.parameters
+    clip = float(grad_clip)
+    def forward(*xs):
+        return scaler.scale(loss_net(*xs))
 
-    def step(x: Any) -> ScaledStepResult:
-        loss, grad_norm, finite, scale = inner(x)
-        return ScaledStepResult(float(loss.asnumpy()), bool(finite.asnumpy()), float(scale.asnumpy()),
-                                float(grad_norm.asnumpy()))
+    grad_fn = ms.value_and_grad(forward, None, params)
+
+    def fused(*xs):
+        loss, grads = grad_fn(*xs)
+        loss, grads = scaler.unscale(loss), scaler.unscale(grads)
+        finite = ms.amp.all_finite(grads)
+        grad_norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g.astype(ms.float32))) for g in grads]))
+        if clip > 0:
+            factor = ops.minimum(clip / (grad_norm + 1e-6), 1.0)
+            grads = tuple(g * factor.astype(g.dtype) for g in grads)
+        if finite:
+            optimizer(grads)
+        scaler.adjust(finite)
+        return loss, grad_norm, finite
+
+    inner = ms.jit(fused) if jit else fused
+    checked: list[int] = []
+
+    def step(*xs: Any) -> ScaledStepResult:
+        if len(xs) not in checked:           # before the first gradient: do the inputs fit construct?
+            _check_call(loss_net, xs)
+            checked.append(len(xs))
+        loss, grad_norm, finite = inner(*xs)
+        if not hasattr(loss, "shape") or int(np.prod(loss.shape)) != 1:
+            raise ValueError(f"make_scaled_train_step: loss_net returned shape {getattr(loss, 'shape', '?')}, "
+                             "not a scalar loss; fix: end construct with a reduction (e.g. .mean())")
+        return ScaledStepResult(float(loss.asnumpy().reshape(())), bool(finite.asnumpy()),
+                                float(scaler.scale_value.asnumpy()), float(grad_norm.asnumpy()))
 
     step.scaler = scaler
     return step
+
+
+def _check_call(net: Any, xs: tuple) -> None:
+    """ValueError unless net.construct accepts these positional inputs (checked before any gradient)."""
+    import inspect
+
+    try:
+        sig = inspect.signature(net.construct)
+    except (TypeError, ValueError):
+        return                               # a construct without a readable signature: let MindSpore say
+    try:
+        sig.bind(*xs)
+    except TypeError as e:
+        params = [p.name for p in sig.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [p.name for p in sig.parameters.values()
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        raise ValueError(f"make_scaled_train_step: {type(net).__name__}.construct{sig} got {len(xs)} input(s) "
+                         f"({e}); fix: call step({', '.join(required) or '...'}) with one tensor per required "
+                         f"argument ({len(required)} required, {len(params)} accepted)") from None
 
 
 # ------------------------------------------------ one AMP level, for run_isolated

@@ -61,9 +61,12 @@ def test_float16_overflow_is_located_under_o3():
 
 def test_grads_report_names_cell_and_parameter():
     assert find_first_nonfinite(SmallNet(), _x(), grads=True) == NonfiniteReport(None, None)
-    rep = find_first_nonfinite(_plant_overflow(SmallNet()), _x(), grads=True)
-    assert rep.cell == "hidden"
-    assert rep.param is not None and rep.param.startswith(("head", "hidden")), rep
+    # a finite forward whose backward overflows: gradients of 1e30 weights squared past float32
+    net = SmallNet()
+    net.head.weight.set_data(ms.Tensor(np.full((1, 16), 1e30, np.float32)))
+    net.hidden.weight.set_data(ms.Tensor(np.full((16, 16), 1e-30, np.float32)))
+    rep = find_first_nonfinite(net, _x(), grads=True)
+    assert rep.cell is None and rep.note is None, rep
 
 
 def test_execution_order_puts_inner_layers_first_and_restores_mode():
@@ -141,3 +144,50 @@ def test_auto_mixed_precision_wrapper_keeps_rewrites_out_of_cwd(tmp_path, monkey
     assert find_first_nonfinite(net, _x()) is None
     with pytest.raises(ValueError, match="level='O4'"):
         auto_mixed_precision(SmallNet(), "O4")
+
+
+class _Attn(nn.Cell):
+    """Overflows in its own construct (q @ k^T in float16), then feeds the inf to its softmax child."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Dense(8, 8)
+        self.softmax = nn.Softmax(-1)
+
+    def construct(self, x):
+        q = self.q(x).astype(ms.float16)
+        scores = ms.ops.matmul(q * 300.0, q.transpose(1, 0) * 300.0)   # |q|~1: 9e4 > float16 max 65504
+        return self.softmax(scores.astype(ms.float32)).sum()
+
+
+def test_overflow_in_a_parents_own_code_names_the_parent_not_its_child():
+    net = _Attn()
+    net.q.weight.set_data(ms.Tensor(np.ones((8, 8), np.float32)))
+    x = ms.Tensor(np.ones((2, 8), np.float32))
+    rows = activation_stats(net, x)
+    assert [r["cell"] for r in rows if not r["finite"]][0] == "softmax"    # the naive answer
+    assert find_first_nonfinite(net, x) == ""                              # the root's own MatMul
+
+
+def test_grads_with_a_nonfinite_forward_say_so_instead_of_naming_a_parameter():
+    rep = find_first_nonfinite(_plant_overflow(SmallNet()), _x(), grads=True)
+    assert rep.cell == "hidden" and rep.param is None and "forward" in rep.note
+
+
+class _TwoInputLoss(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.net = SmallNet()
+
+    def construct(self, x, y):
+        return ((self.net(x) - y) ** 2).mean()
+
+
+def test_scaled_step_checks_the_construct_signature_before_the_first_gradient():
+    loss = _TwoInputLoss()
+    step = make_scaled_train_step(loss, nn.Adam(loss.trainable_params(), 1e-3), init_scale=np.float32(4),
+                                  scale_factor=np.int64(2), jit=False)
+    with pytest.raises(ValueError, match=r"got 1 input.*fix: call step\(x, y\)"):
+        step(_x())
+    r = step(_x(), ms.Tensor(np.float32(1.0)))
+    assert r.finite and np.isfinite(r.loss) and r.scale == 4.0
