@@ -374,3 +374,11 @@ def isolated_step_times(overrides: dict, *, preset: str = "mini", mode: str = "g
     from .config import RunConfig
     timer = TrainStepTimer(RunConfig.preset(preset).replace(mode=mode, **overrides), steps=steps)
     return [timer({}) for _ in range(repeats)]
+
+
+def isolated_median_step_s(overrides: dict, *, preset: str = "mini", mode: str = "graph",
+                           cpu_threads: int | None = None, steps: int = 3) -> float:
+    """`isolated_step_times` reduced to one number (median seconds per step of `steps` steady steps), for
+    `mshelpers.timing.compare_interleaved`, which runs each call in a fresh process."""
+    return isolated_step_times(overrides, preset=preset, mode=mode, cpu_threads=cpu_threads, steps=steps,
+                               repeats=1)[0]
