@@ -148,3 +148,61 @@ def capture_compile_error(fn: Callable[..., Any], *args: Any, workdir: str | Non
         with contextlib.suppress(OSError):
             os.chdir(cwd)
     return {"error": None, "first_line": "", "code": [], "analyze_fail": None}
+
+
+# ---------------------------------------------------------------- operator fusion, counted from the IR
+FINAL_GRAPH_GLOB = "actor_set/final_actor_set_kernel_graph_*.ir"
+
+
+def ir_dump_env(ir_dir: Any) -> dict:
+    """Environment variables that make a fresh MindSpore process save only the IR `count_kernels` reads.
+
+    MS_DEV_SAVE_GRAPHS=1 with MS_DEV_DUMP_IR_PASSES=actor_set writes the runtime's actor set (a few
+    MB) instead of every compile pass (hundreds of MB, and a 5x slower first step).
+    """
+    return {"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_SAVE_GRAPHS_PATH": str(ir_dir), "MS_DEV_DUMP_IR_PASSES": "actor_set"}
+
+
+def count_kernels(ir_dir: Any) -> dict:
+    """Count the kernels of the graph MindSpore finally executes, from its saved IR.
+
+    Reads `<ir_dir>/actor_set/final_actor_set_kernel_graph_*.ir` (saved with `ir_dump_env`), the
+    actor set after the last runtime optimisation: one line `%N = kernel_graph0:<Type>-op<K>(...)`
+    per kernel launched each step. Actor lines (`..._FusionActor`, DataPrepareActor...) are the
+    runtime's scheduling units, not kernels, and are not counted. Kernels whose type starts with
+    `GraphKernel_` are fusions made by graph-kernel fusion (AKG on CPU).
+    Returns {"file", "kernels", "fused_kernels", "by_type": {type: count}, most frequent first}.
+    """
+    import re
+    from collections import Counter
+    from pathlib import Path
+    files = sorted(Path(ir_dir).glob(FINAL_GRAPH_GLOB))
+    if not files:
+        raise FileNotFoundError(f"count_kernels: no {FINAL_GRAPH_GLOB} under {ir_dir}; fix: run the graph in a "
+                                "fresh process with env=ir_dump_env(ir_dir) and call it at least once")
+    pat = re.compile(r"^%\d+ = kernel_graph\d+:([A-Za-z0-9_]+)-op\d+\(")
+    types = Counter(m.group(1) for f in files for line in f.read_text().splitlines() if (m := pat.match(line)))
+    return {"file": str(files[-1]), "kernels": sum(types.values()),
+            "fused_kernels": sum(n for t, n in types.items() if t.startswith("GraphKernel_")),
+            "by_type": dict(types.most_common())}
+
+
+def fusion_steps(preset: str = "tiny", steps: int = 4, jit_level: str = "O0", seed: int = 0, *,
+                 ir_dir: Any) -> dict:
+    """`first_steps` in `ir_dir` (the working folder, where AKG also keeps its kernel cache), then
+    `count_kernels(ir_dir)`: {first_step_s, steady_step_s, final_loss, kernels, fused_kernels}.
+
+    Run it with `run_isolated(..., env=ir_dump_env(ir_dir))`, plus MS_DEV_GRAPH_KERNEL_FLAGS
+    (e.g. "--opt_level=1") to switch graph-kernel fusion on. Old IR in `ir_dir` is removed first.
+    """
+    import os
+    import shutil
+    from pathlib import Path
+    d = Path(ir_dir)
+    shutil.rmtree(d / "actor_set", ignore_errors=True)
+    d.mkdir(parents=True, exist_ok=True)
+    os.chdir(d)
+    out = first_steps(preset, steps=steps, jit_level=jit_level, seed=seed)
+    k = count_kernels(d)
+    out.update(kernels=k["kernels"], fused_kernels=k["fused_kernels"])
+    return out

@@ -31,10 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-# Collective and point-to-point communication op names (MindSpore, HCCL and NCCL spellings).
+# Collective and point-to-point communication op names (MindSpore, HCCL and NCCL spellings). An op name
+# ends at the token: no letter may follow, so BroadcastTo (a compute op) and a "Sender" are not
+# communication, while "AllReduce-op12", "hcom_allReduce_" and "InnerCommIsend" are.
 COMM_OP_PATTERN = re.compile(
-    r"(AllReduce|AllGather|ReduceScatter|Broadcast|AlltoAll|AllToAll|Send|Receive|Recv|"
-    r"hcom_|Hcom|HcclAll|NcclAll|MatMulAllReduce|Barrier)", re.IGNORECASE)
+    r"(?:hcom_|Hcom|HcclAll|NcclAll)"
+    r"|(?:MatMulAllReduce|AllReduce|AllGatherV?|ReduceScatterV?|Broadcast|AlltoAllV?|AllToAllV?|"
+    r"Send|Receive|Recv|Barrier)(?![A-Za-z])", re.IGNORECASE)
 
 # Trace "processes" whose complete events are operator executions.
 _OP_PROCESS_NAMES = ("CPU OP", "Ascend Hardware", "HCCL", "GPU OP")
@@ -539,3 +542,44 @@ def plot_step_timeline(run: "ProfileRun", *, step: int = 0, ax: Any = None, max_
     ax.set_xlabel(f"ms since the start of recorded step {step}")
     ax.set_title("One profiled step (white = host/framework time)")
     return ax
+
+
+# ----------------------------------------------------------------------------- per-rank stragglers
+def _p90(xs: Sequence[float]) -> float:
+    """Nearest-rank 90th percentile: the smallest value with at least 90 % of the values at or below it."""
+    s = sorted(xs)
+    return s[max(0, -(-9 * len(s) // 10) - 1)]
+
+
+def straggler_table(times_by_rank: dict[int, Sequence[float]], *, rel_floor: float = 0.02) -> dict:
+    """Per-rank step-time table and a straggler verdict ("long tail") from each rank's own step times.
+
+    times_by_rank: {rank: [seconds per step, ...]}, at least 2 ranks with at least 2 steps each;
+    use the time of each rank's own work (e.g. forward + backward before the gradient all-reduce):
+    in synchronous data parallelism the whole step of every rank follows the slowest one.
+    Rows: rank, steps, median, p90 (nearest rank), max. The ratio is slowest median / fastest
+    median. The noise is the run's own: the largest relative tail (p90 / median - 1) of any rank,
+    at least `rel_floor`. Verdict "straggler" when ratio - 1 exceeds the noise, else "balanced".
+
+        >>> t = straggler_table({0: [1.0, 1.0, 1.1], 1: [2.0, 2.0, 2.1]})
+        >>> t["slowest"], round(t["ratio"], 2), round(t["noise"], 2), t["verdict"]
+        (1, 2.0, 0.1, 'straggler')
+    """
+    if not isinstance(times_by_rank, dict) or len(times_by_rank) < 2:
+        raise ValueError(f"straggler_table: need {{rank: step times}} for at least 2 ranks, got "
+                         f"{type(times_by_rank).__name__} with {len(times_by_rank) if hasattr(times_by_rank, '__len__') else 0}; "
+                         "fix: pass one list of step times per rank")
+    rows = []
+    for rank in sorted(times_by_rank):
+        xs = [float(x) for x in times_by_rank[rank]]
+        if len(xs) < 2 or any(not x > 0 for x in xs):
+            raise ValueError(f"straggler_table: rank {rank} has {len(xs)} step times (need >= 2, all > 0); "
+                             "fix: time more steps, drop the compile step")
+        med = statistics.median(xs)
+        rows.append({"rank": rank, "steps": len(xs), "median_s": med, "p90_s": _p90(xs), "max_s": max(xs)})
+    slow = max(rows, key=lambda r: r["median_s"])
+    fast = min(rows, key=lambda r: r["median_s"])
+    ratio = slow["median_s"] / fast["median_s"]
+    noise = max(max(r["p90_s"] / r["median_s"] - 1 for r in rows), rel_floor)
+    return {"rows": rows, "slowest": slow["rank"], "fastest": fast["rank"], "ratio": ratio, "noise": noise,
+            "verdict": "straggler" if ratio - 1 > noise else "balanced"}
