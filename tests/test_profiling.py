@@ -163,3 +163,14 @@ def test_find_profile_dirs_oldest_first(tmp_path):
     assert P.find_profile_dirs(str(tmp_path / "b")) == [new]
     assert P.find_profile_dirs(new) == [new]                  # a run folder itself
     assert P.find_profile_dirs(tmp_path / "empty") == []
+
+
+@pytest.mark.parametrize("name, comm", [
+    ("BroadcastTo", False), ("Default/BroadcastTo-op3", False), ("Sender", False), ("MatMul", False),
+    ("AllReduce", True), ("Default/AllReduce-op12", True), ("AllGather", True), ("ReduceScatter", True),
+    ("Broadcast", True), ("Broadcast-op1", True), ("Send", True), ("Recv", True), ("Receive", True),
+    ("hcom_allReduce_", True), ("HcomAllGather", True), ("InnerCommIsend", True),
+])
+def test_comm_pattern_has_word_boundaries(name, comm):
+    from mshelpers.profiling import COMM_OP_PATTERN
+    assert bool(COMM_OP_PATTERN.search(name)) is comm, name
