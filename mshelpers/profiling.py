@@ -124,8 +124,11 @@ def profile_steps(step_fn: Callable[..., Any], *, wait: int = 1, warmup: int = 1
     step_times, data_times, step_windows, data_windows = [], [], [], []
     # repeat=1: one window; with repeat=0 MindSpore keeps cycling and writes a truncated extra window.
     sched = schedule(wait=wait, warmup=warmup, active=active, repeat=1, skip_first=skip_first)
-    with profile(activities=list(activities), schedule=sched, experimental_config=experimental_config,
-                 on_trace_ready=tensorboard_trace_handler(str(out))) as prof:
+    # The profiler's parser prints "Start parsing profiling data" and a child process draws progress bars on
+    # the terminal (file descriptors 1 and 2): kept in <output_dir>/profiler_output.log, out of the notebook.
+    with _output_to(out / "profiler_output.log"), \
+            profile(activities=list(activities), schedule=sched, experimental_config=experimental_config,
+                    on_trace_ready=tensorboard_trace_handler(str(out))) as prof:
         for i in range(total):
             t0 = time.time_ns()
             if data_fn is not None:
@@ -149,6 +152,38 @@ def profile_steps(step_fn: Callable[..., Any], *, wait: int = 1, warmup: int = 1
     return ProfileRun(profile_dir=Path(new[-1]), step_times_s=step_times, data_times_s=data_times,
                       active_steps=list(range(first_active, total)),
                       step_windows_us=step_windows, data_windows_us=data_windows)
+
+
+class _output_to:
+    """Send Python's and the OS's stdout/stderr (this process and its children) to `path` while active."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> "_output_to":
+        import contextlib
+        import sys
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:  # noqa: BLE001 - a closed stream has nothing to flush
+                pass
+        self._file = open(self.path, "a")
+        self._saved = [os.dup(1), os.dup(2)]
+        os.dup2(self._file.fileno(), 1)
+        os.dup2(self._file.fileno(), 2)
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(contextlib.redirect_stdout(self._file))
+        self._stack.enter_context(contextlib.redirect_stderr(self._file))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.close()
+        self._file.flush()
+        for fd, saved in zip((1, 2), self._saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+        self._file.close()
 
 
 # ----------------------------------------------------------------------------- locating files

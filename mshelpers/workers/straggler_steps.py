@@ -5,8 +5,9 @@
 
 Each step is timed in two parts on every rank, both synchronised with `.asnumpy()`:
   compute_s  forward + backward of this rank's shard (a jitted `value_and_grad`): the rank's own work;
-  sync_s     gradient all-reduce (`nn.DistributedGradReducer`) + AdamW update: it ends when the
-             slowest rank has sent its gradients, so a fast rank waits here for a slow one.
+  sync_s     gradient all-reduce (all gradients flattened into one `ops.AllReduce`, averaged) + AdamW
+             update: it ends when the slowest rank has sent its gradients, so a fast rank waits
+             here for a slow one.
 step_s = compute_s + sync_s. In synchronous data parallelism every rank's step_s follows the
 slowest rank, so step_s alone cannot say which rank is slow; compute_s can.
 Two phases share one launch: "clean", then "slowed", where `--slow-rank` runs its forward and
@@ -31,7 +32,8 @@ def main() -> None:
     args = p.parse_args()
 
     import mindspore as ms
-    from mindspore import nn
+    import numpy as np
+    from mindspore import ops
     from mindspore.device_context.cpu.op_tuning import threads_num
     threads_num(args.threads)
     from mindspore.communication import get_group_size, get_rank, init
@@ -54,7 +56,9 @@ def main() -> None:
     opt = make_optimizer(net, cfg)
     params = opt.parameters
     grad_fn = ms.value_and_grad(net, None, params)
-    reducer = nn.DistributedGradReducer(params, mean=True)
+    allreduce = ops.AllReduce()
+    sizes = [int(np.prod(p.shape)) for p in params]
+    shapes = [p.shape for p in params]
 
     @ms.jit
     def compute(input_ids):
@@ -62,8 +66,11 @@ def main() -> None:
 
     @ms.jit
     def sync(grads):
-        opt(reducer(grads))
-        return grads[0].sum()
+        # one all-reduce of all gradients flattened together (one collective per step, not one per tensor)
+        flat = allreduce(ops.cat([g.reshape(-1) for g in grads])) / world
+        parts = ops.split(flat, sizes)
+        opt(tuple(g.reshape(s) for g, s in zip(parts, shapes)))
+        return flat.sum()
 
     batches = numpy_batches(cfg, num_shards=world, shard_id=rank)
     total = 2 * (args.steps + args.warmup)
