@@ -194,6 +194,8 @@ def fusion_steps(preset: str = "tiny", steps: int = 4, jit_level: str = "O0", se
 
     Run it with `run_isolated(..., env=ir_dump_env(ir_dir))`, plus MS_DEV_GRAPH_KERNEL_FLAGS
     (e.g. "--opt_level=1") to switch graph-kernel fusion on. Old IR in `ir_dir` is removed first.
+    Meant for a fresh process only: it changes the working folder and sends the process's
+    stdout/stderr to <ir_dir>/output.log.
     """
     import os
     import shutil
@@ -202,6 +204,11 @@ def fusion_steps(preset: str = "tiny", steps: int = 4, jit_level: str = "O0", se
     shutil.rmtree(d / "actor_set", ignore_errors=True)
     d.mkdir(parents=True, exist_ok=True)
     os.chdir(d)
+    # AKG's compiler processes print "Please set tiling repo path..." per kernel: keep this fresh
+    # process's output (and its children's) in <ir_dir>/output.log
+    log = os.open(d / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
     out = first_steps(preset, steps=steps, jit_level=jit_level, seed=seed)
     k = count_kernels(d)
     out.update(kernels=k["kernels"], fused_kernels=k["fused_kernels"])
