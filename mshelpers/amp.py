@@ -24,6 +24,28 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+
+def _sibling(module: str, *names: str) -> Any:
+    """A sibling cookbook module (or names from it), imported when a function needs it:
+    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
+    import importlib
+    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
+    got = tuple(getattr(mod, n) for n in names)
+    return mod if not names else got[0] if len(names) == 1 else got
+
+
+def _build_dir(*parts: str) -> Any:
+    """config.build_dir(*parts) inside the cookbook; copied alone, $MSHELPERS_BUILD or ./build (created)."""
+    import os
+    from pathlib import Path
+    try:
+        return _sibling("config", "build_dir")(*parts)
+    except ImportError:
+        p = Path(os.environ.get("MSHELPERS_BUILD") or Path.cwd() / "build").joinpath(*parts)
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+
 __all__ = [
     "number_formats",
     "to_bfloat16",
@@ -37,6 +59,7 @@ __all__ = [
 ]
 
 _FLOAT_DTYPES = ("Float16", "Float32", "Float64", "BFloat16")
+AMP_LEVELS = ("O0", "O1", "O2", "O3")   # ms.amp levels (config.AMP_LEVELS; repeated so this file copies alone)
 
 
 # ------------------------------------------------------------ number formats
@@ -145,12 +168,10 @@ def auto_mixed_precision(net: Any, level: str, workdir: str | None = None) -> An
 
     import mindspore as ms
 
-    from .config import AMP_LEVELS, build_dir
-
     if level not in AMP_LEVELS:
         raise ValueError(f"auto_mixed_precision: level={level!r} is invalid; fix: use one of {AMP_LEVELS}")
     cwd = os.getcwd()
-    os.chdir(workdir or str(build_dir("amp_rewrite")))
+    os.chdir(workdir or str(_build_dir("amp_rewrite")))
     try:
         return ms.amp.auto_mixed_precision(net, level)
     finally:
@@ -438,16 +459,16 @@ def amp_level_run(level: str, preset: str = "mini", steps: int = 4, seed: int = 
         >>> r = run_isolated(amp_level_run, "O2", steps=4)
         >>> r.value["median step (ms)"], r.peak_rss_mb
     """
-    from .config import AMP_LEVELS, RunConfig, build_dir
+    AMP_LEVELS, RunConfig, build_dir = _sibling("config", "AMP_LEVELS", "RunConfig", "build_dir")
 
     if level not in AMP_LEVELS:
         raise ValueError(f"amp_level_run: level={level!r} is invalid; fix: use one of {AMP_LEVELS}")
     import mindspore as ms
 
-    from .data import numpy_batches
-    from .device import setup
-    from .model import build_model, precision_knobs
-    from .train import train
+    numpy_batches = _sibling("data", "numpy_batches")
+    setup = _sibling("device", "setup")
+    build_model, precision_knobs = _sibling("model", "build_model", "precision_knobs")
+    train = _sibling("train", "train")
 
     cfg = RunConfig.preset(preset).replace(mode="graph", amp_level=level, steps=steps, seed=seed).validate()
     device = setup(mode="graph", seed=seed)

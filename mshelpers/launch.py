@@ -31,6 +31,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+
+def _sibling(module: str, *names: str) -> Any:
+    """A sibling cookbook module (or names from it), imported when a function needs it:
+    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
+    import importlib
+    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
+    got = tuple(getattr(mod, n) for n in names)
+    return mod if not names else got[0] if len(names) == 1 else got
+
+
+def _build_dir(*parts: str) -> Any:
+    """config.build_dir(*parts) inside the cookbook; copied alone, $MSHELPERS_BUILD or ./build (created)."""
+    import os
+    from pathlib import Path
+    try:
+        return _sibling("config", "build_dir")(*parts)
+    except ImportError:
+        p = Path(os.environ.get("MSHELPERS_BUILD") or Path.cwd() / "build").joinpath(*parts)
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+
 OUT_ROOT_ENV = "MSHELPERS_RANK_OUT_ROOT"   # msrun() exports it; workers find their folder through it
 RESULT_FILE = "result.json"
 PROGRESS_PREFIX = "PROGRESS "              # a worker line "PROGRESS 3/20" advances msrun()'s progress bar
@@ -101,7 +123,7 @@ def rank_output_dir(rank: int | None = None) -> Path:
     """The folder this rank writes its outputs to (created). Outside msrun(): build/msrun/standalone/rank_0."""
     root = os.environ.get(OUT_ROOT_ENV)
     if root is None:
-        from .config import build_dir
+        build_dir = _build_dir
         root = str(build_dir("msrun", "standalone"))
     p = Path(root) / f"rank_{rank_id() if rank is None else rank}"
     p.mkdir(parents=True, exist_ok=True)
@@ -178,7 +200,7 @@ def msrun(script: str | os.PathLike, workers: int = 2, args: Sequence[str] = (),
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"msrun: timeout={timeout!r} is invalid; fix: pass seconds > 0")
     if log_dir is None:
-        from .config import build_dir
+        build_dir = _build_dir
         log_dir = build_dir("msrun", f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     log_dir = Path(log_dir).resolve()
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -66,6 +66,16 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
 
+
+def _sibling(module: str, *names: str) -> Any:
+    """A sibling cookbook module (or names from it), imported when a function needs it:
+    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
+    import importlib
+    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
+    got = tuple(getattr(mod, n) for n in names)
+    return mod if not names else got[0] if len(names) == 1 else got
+
+
 # Bytes per parameter for (parameters, gradients, optimizer states) under Adam.
 ACCOUNTINGS: dict[str, tuple[int, int, int]] = {
     # ZeRO paper: fp16/bf16 params and grads, fp32 master copy + momentum + variance (4+4+4).
@@ -182,14 +192,10 @@ def model_state_breakdown(n_params: int, *, zero_stage: int = 0, dp: int = 1,
         >>> model_state_breakdown(1000, zero_stage=2, dp=4)
         {'params': 2000, 'grads': 500, 'optimizer_states': 3000}
     """
-    if not isinstance(n_params, int) or isinstance(n_params, bool) or n_params <= 0:
-        raise ValueError(f"model_state_bytes: n_params={n_params!r} is invalid; "
-                         "fix: pass a positive integer parameter count, e.g. llama_param_count(cfg)")
+    n_params = _pos_count("model_state_bytes", "n_params", n_params)
     if zero_stage not in ZERO_STAGES:
         raise ValueError(f"model_state_bytes: zero_stage={zero_stage!r} is invalid; fix: use one of {ZERO_STAGES}")
-    if not isinstance(dp, int) or isinstance(dp, bool) or dp <= 0:
-        raise ValueError(f"model_state_bytes: dp={dp!r} is invalid; fix: pass the data-parallel "
-                         "degree as a positive integer (1 = no sharding)")
+    dp = _pos_count("model_state_bytes", "dp", dp)
     if isinstance(accounting, tuple) and len(accounting) == 3 and all(
             isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in accounting):
         p_b, g_b, o_b = accounting
@@ -272,7 +278,7 @@ def activation_bytes_per_layer(seq_len: int, batch: int, hidden_size: int, n_hea
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"activation_bytes_per_layer: recompute={recompute!r} is invalid; "
                          f"fix: use one of {RECOMPUTE_MODES}")
-    if not isinstance(bytes_per_value, (int, float)) or isinstance(bytes_per_value, bool) or bytes_per_value <= 0:
+    if not isinstance(bytes_per_value, numbers.Real) or isinstance(bytes_per_value, bool) or bytes_per_value <= 0:
         raise ValueError(f"activation_bytes_per_layer: bytes_per_value={bytes_per_value!r} is invalid; "
                          "fix: pass the activation width in bytes (2 for fp16/bf16, 4 for fp32)")
     if arch not in ARCHS:
@@ -377,8 +383,10 @@ def estimate_stage(*, stage_params: int, layers: int, seq_len: int, micro_batch:
     else:
         for name, v in (("full_recompute_layers", full_recompute_layers),
                         ("select_recompute_layers", select_recompute_layers)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                raise ValueError(f"{fn}: {name}={v!r} is invalid; fix: pass a layer count >= 0 (or None)")
+            if v is not None:
+                _pos_count(fn, name, v, zero_ok=True)
+        full_recompute_layers = None if full_recompute_layers is None else int(full_recompute_layers)
+        select_recompute_layers = None if select_recompute_layers is None else int(select_recompute_layers)
         full = min(full_recompute_layers or 0, ly)
         sel = min(select_recompute_layers or 0, ly - full)
         counts = {"full": full, "selective": sel, "none": ly - full - sel}
@@ -813,7 +821,7 @@ def calibrate(estimates: list[dict], measured_bytes: list[float], *,
     ys = [float(m) - (e["params"] + e["grads"] + e["optimizer_states"] + e.get("grad_accum_buffer", 0))
           for e, m in zip(estimates, measured_bytes)]
     if overhead_bytes is not None:
-        if not isinstance(overhead_bytes, (int, float)) or overhead_bytes < 0:
+        if not isinstance(overhead_bytes, numbers.Real) or isinstance(overhead_bytes, bool) or overhead_bytes < 0:
             raise ValueError(f"calibrate: overhead_bytes={overhead_bytes!r} is invalid; fix: pass a number >= 0")
         slope = sum(x * (y - overhead_bytes) for x, y in zip(xs, ys)) / sum(x * x for x in xs)
         if slope <= 0:
@@ -904,7 +912,7 @@ def measure_peak(fn: Callable, *args: Any, preload: tuple[str, ...] = (), quiet:
     `quiet` sends the child's stdout/stderr to /dev/null (a failure still raises here,
     with the child's traceback).
     `fn` must be importable from a module file (not defined in a notebook cell); its
-    arguments and return value must pickle. Uses `mshelpers.timing.run_isolated`.
+    arguments and return value must pickle. Needs no sibling module (its own spawn runner).
 
         >>> from mshelpers.memory import measure_peak
         >>> r = measure_peak(allocate_bytes, 200 * 2**20)        # doctest: +SKIP
@@ -920,13 +928,53 @@ def measure_peak(fn: Callable, *args: Any, preload: tuple[str, ...] = (), quiet:
                          "fix: define it at the top level of a .py module and import it")
     if isinstance(preload, str):
         preload = (preload,)
-    from .timing import run_isolated
-    res = run_isolated(_peak_child, fn, args, kwargs, tuple(preload), quiet, timeout=timeout, env=env)
-    out = res.value
+    out = _run_spawned(_peak_child, (fn, args, kwargs, tuple(preload), quiet), timeout, env, fn)
     device = out["device_peak"]
     return PeakMemory(value=out["value"], peak_bytes=device if device else out["peak_rss"],
                       source="device" if device else "rss", peak_rss_bytes=out["peak_rss"],
                       baseline_rss_bytes=out["baseline"], device_peak_bytes=device, wall_s=out["wall_s"])
+
+
+def _spawn_child(conn: Any, target: Callable, args: tuple) -> None:   # runs in the fresh process
+    import traceback
+    try:
+        conn.send(("ok", target(*args)))
+    except BaseException as e:  # noqa: BLE001 - forwarded to the parent
+        conn.send(("err", f"{type(e).__name__}: {e}", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def _run_spawned(target: Callable, args: tuple, timeout: float, env: dict | None, fn: Callable) -> Any:
+    """target(*args) in a fresh spawned process (the few lines of timing.run_isolated this module needs)."""
+    import multiprocessing as mp
+    name = getattr(fn, "__name__", repr(fn))
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    old = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update({k: str(v) for k, v in (env or {}).items()})
+    try:
+        p = ctx.Process(target=_spawn_child, args=(child, target, args))
+        p.start()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    child.close()
+    if not parent.poll(timeout):
+        p.kill()
+        raise TimeoutError(f"measure_peak: {name} did not finish within timeout={timeout}s")
+    try:
+        msg = parent.recv()
+    except EOFError:
+        p.join()
+        raise RuntimeError(f"measure_peak: the child running {name} died with exit code {p.exitcode}") from None
+    p.join()
+    if msg[0] == "err":
+        raise RuntimeError(f"measure_peak: {name} failed in the child: {msg[1]}\n{msg[2]}")
+    return msg[1]
 
 
 def measure_peaks(fn: Callable, arg_tuples: list[tuple], *, parallel: int = 1, **kwargs: Any) -> list[PeakMemory]:
@@ -937,7 +985,7 @@ def measure_peaks(fn: Callable, arg_tuples: list[tuple], *, parallel: int = 1, *
 
         >>> rs = measure_peaks(allocate_bytes, [(2**20,), (2**21,)], parallel=2)   # doctest: +SKIP
     """
-    if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
+    if not isinstance(parallel, numbers.Integral) or isinstance(parallel, bool) or parallel < 1:
         raise ValueError(f"measure_peaks: parallel={parallel!r} is invalid; fix: pass a positive integer")
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(parallel) as pool:   # threads only wait on their child processes
@@ -965,8 +1013,8 @@ def train_for_peak(cfg: Any, steps: int = 5, peak_flops: float | None = None,
     {"max_size": "28GB", "optimize_level": "O1"}); it must precede the first op, which a
     fresh process guarantees. The per-step CSV goes to build/memory/.
     """
-    from .config import build_dir
-    from .train import train
+    build_dir = _sibling("config", "build_dir")
+    train = _sibling("train", "train")
     if set_memory:
         import mindspore as ms
         ms.runtime.set_memory(**set_memory)

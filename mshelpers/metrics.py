@@ -175,11 +175,13 @@ def _peak_cache_path() -> Path:
 
 def _peak_key(dtype: str) -> tuple[dict, str, str]:
     """(cpu info, device, cache key): one record per CPU model, family, thread count, device and dtype."""
-    try:
-        import mindspore as ms
-        device = ms.get_context("device_target") or "CPU"
-    except Exception:  # noqa: BLE001 - the cache can still answer without MindSpore
-        device = "CPU"
+    import sys
+    device = "CPU"
+    if "mindspore" in sys.modules:     # a process that uses MindSpore reads its target; else no import for it
+        try:
+            device = sys.modules["mindspore"].get_context("device_target") or "CPU"
+        except Exception:  # noqa: BLE001 - the cache can still answer
+            pass
     info = cpu_info()
     return info, device, f"{info['cpu_model']}|family {info['cpu_family']}|{info['threads']} threads|{device}|{dtype}"
 
@@ -282,13 +284,15 @@ def peak_memory_mb() -> float:
     On CPU `ms.runtime.max_memory_allocated()` returns 0, so the process peak RSS
     (which only grows) is the figure; compare runs in fresh processes.
     """
-    try:
-        import mindspore as ms
-        dev = ms.runtime.max_memory_allocated()
-        if dev:
-            return dev / 2**20
-    except Exception:  # noqa: BLE001
-        pass
+    import sys
+    ms = sys.modules.get("mindspore")   # a process that has not imported MindSpore has no device memory
+    if ms is not None:
+        try:
+            dev = ms.runtime.max_memory_allocated()
+            if dev:
+                return dev / 2**20
+        except Exception:  # noqa: BLE001
+            pass
     try:   # VmHWM: this process's own peak (ru_maxrss survives fork+exec and would show a parent's)
         with open("/proc/self/status") as f:
             for line in f:

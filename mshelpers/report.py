@@ -25,6 +25,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
+def _sibling(module: str, *names: str) -> Any:
+    """A sibling cookbook module (or names from it), imported when a function needs it:
+    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
+    import importlib
+    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
+    got = tuple(getattr(mod, n) for n in names)
+    return mod if not names else got[0] if len(names) == 1 else got
+
+
+
 def aggregate(runs: dict[str, Sequence[dict]]) -> dict[str, dict[str, tuple[float, float, float]]]:
     """For each run name and numeric metric: (mean, min, max) over the seeds' summaries."""
     if not runs:
@@ -165,8 +175,8 @@ def run_summaries(cfg_yaml: str, seeds: Sequence[int], steps: int, csv_dir: str,
     once, and the process peak is the config's (every seed trains the same shapes).
     Pass one `peak_flops` for all configs so that their MFUs share a denominator.
     """
-    from .config import RunConfig
-    from .train import train
+    RunConfig = _sibling("config", "RunConfig")
+    train = _sibling("train", "train")
     cfg = RunConfig.from_yaml(cfg_yaml)
     return [train(cfg.replace(seed=s), steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{s}.csv",
                   progress=False, peak_flops=peak_flops).summary() for s in seeds]
@@ -182,8 +192,8 @@ def resume_check(cfg: Any, n: int, where: str | os.PathLike) -> dict[str, Any]:
     scale changes before the checkpoint.
     """
     import shutil
-    from . import checkpoint
-    from .train import train
+    checkpoint = _sibling("checkpoint")
+    train = _sibling("train", "train")
     where = Path(where)
     shutil.rmtree(where, ignore_errors=True)
     cfg = cfg.replace(steps=2 * n)
@@ -236,8 +246,8 @@ def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_fl
     runs `resume_check` on the same config (warm-up 2 steps, a dynamic loss scale that starts high
     enough to overflow, so the scale changes before the checkpoint).
     """
-    from .config import RunConfig
-    from .train import train
+    RunConfig = _sibling("config", "RunConfig")
+    train = _sibling("train", "train")
     cfg = RunConfig.from_yaml(cfg_yaml).replace(seed=seed)
     h = train(cfg, steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{seed}.csv", progress=False,
               peak_flops=peak_flops)

@@ -1,0 +1,403 @@
+"""Every mshelpers module can be copied into another project alone (README: "Copy helpers into your own project").
+
+For each module: copy only that file into an empty folder, import it in a fresh process whose
+PYTHONPATH is that folder alone (so the `mshelpers` package is not importable, which is asserted),
+and call its standalone public functions on plain Python/numpy inputs. Utility modules must not
+import MindSpore at import time. Functions that compose the cookbook's own pipeline are listed in
+NEEDS with the siblings they need; for those the test copies exactly those siblings next to the
+module and checks that the module and its siblings import side by side and that every sibling the
+function names is among them (and calls the cheap ones).
+
+Every public function or class must appear in CALLS, NEEDS or NOT_PLAIN, so a new helper is
+either exercised here or declared.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "mshelpers"
+MODULES = sorted(p.stem for p in PKG.glob("*.py") if p.stem != "__init__")
+
+# Modules that must not import MindSpore until a function needs it.
+NO_MINDSPORE_AT_IMPORT = ("metrics", "memory", "timing", "table", "config", "checkpoint", "parallel",
+                          "profiling", "report", "plots")
+
+# A user's own config: a frozen dataclass with the fields the planners read, no RunConfig.
+_USER_CFG = """
+from dataclasses import dataclass, replace as _replace
+@dataclass(frozen=True)
+class Cfg:
+    hidden_size: int = 64; num_layers: int = 4; num_heads: int = 4; ffn_hidden_size: int = 172
+    vocab_size: int = 128; seq_len: int = 32; batch_size: int = 8; dp: int = 1; mp: int = 1; pp: int = 1
+    micro_batches: int = 1; grad_accum: int = 1; recompute: str = "none"; compute_dtype: str = "float32"
+    def replace(self, **kw):
+        return _replace(self, **kw)
+"""
+
+# Standalone public functions called on plain inputs, per module (the module is imported as `m`).
+CALLS: dict[str, str] = {
+    "amp": """
+        import numpy as np
+        assert m.to_bfloat16(np.float32([1.0, 70000.0])).tolist() == [1.0, 70144.0]
+        assert [r["format"] for r in m.number_formats()] == ["float32", "float16", "bfloat16"]
+    """,
+    "checkpoint": """
+        import numpy as np, os
+        assert m.list_checkpoints(os.getcwd()) == [] and m.clean_temp(os.getcwd()) == []
+        assert m.scan(os.getcwd()) == [] and m.prune(os.getcwd(), keep=2) == [] and m.latest_good(os.getcwd()) is None
+        params = {"w": np.ones((2, 2), np.float32), "b": np.array([np.nan], np.float32)}
+        assert m.nonfinite_params(params) == ["b"]
+        assert isinstance(m.info(params), dict)
+    """,
+    "compiling": """
+        import numpy as np
+        assert m.bucket_length(5, [4, 8, 16]) == 8
+        assert m.pad_to_bucket(np.ones((2, 5), np.int32), [4, 8]).shape == (2, 8)
+        rows = m.shape_sweep(lambda b: b.sum(), [np.ones((1, 4)), np.ones((1, 8))])
+        assert len(rows) == 2
+        env = m.ir_dump_env("ir"); assert isinstance(env, dict)
+        import os; os.makedirs("ir", exist_ok=True)
+        try:
+            m.count_kernels("ir")
+        except FileNotFoundError as e:
+            assert "fix:" in str(e)
+    """,
+    "config": """
+        import os
+        assert m.build_dir("x").is_dir() and m.repo_root() is not None
+        assert m.RunConfig.preset("mini").hidden_size == 256
+    """,
+    "data": """
+        import numpy as np
+        assert m.entropy_floor(64) > 0
+        assert len(m.corpus_tokens(64, 5000)) == 5000
+        assert str(m.corpus_path(64, 0)).endswith(".npy") or m.corpus_path(64, 0)
+        from types import SimpleNamespace
+        cfg = SimpleNamespace(seq_len=16, steps=2, batch_size=2, grad_accum=1, data="markov", vocab_size=64, seed=0)
+        assert m.windows(cfg).shape[1] == 17 and next(m.numpy_batches(cfg)).shape == (2, 17)
+        src = m.MarkovSource(64)
+        open("t.txt", "w").write("hello world"); assert len(m.text_tokens("t.txt")) == 11
+    """,
+    "device": """
+        assert m.detect() in ("CPU", "GPU", "Ascend") and m.require("CPU") == "CPU"
+        assert m.setup(mode="pynative") == "CPU" and m.mode_of() == "pynative"
+        assert issubclass(m.DeviceUnavailable, Exception)
+    """,
+    "launch": """
+        import os
+        assert m.rank_id() == 0 and m.rank_output_dir().is_dir()
+        assert m.write_rank_result({"loss": 1.0}).exists()
+        m.report_progress(1, 2)
+        open("s.py", "w").write("print(1)")
+        assert "msrun" in m.msrun_command("s.py", workers=2)
+        assert m.free_port() > 0
+    """,
+    "memory": """
+        import numpy as np
+        cfg = dict(hidden_size=64, num_layers=2, num_heads=4, vocab_size=np.int64(128), seq_len=32.0, batch_size=4)
+        e = m.estimate(cfg, mlp="gelu", tie_word_embeddings=True)
+        assert e["n_params"] == m.transformer_param_count(cfg, mlp="gelu", tie_word_embeddings=True)
+        assert m.fits(cfg, 2**30) and m.max_batch_for_budget(cfg, 2**30) > 4
+        assert m.estimate(cfg, n_params=np.float64(1e5))["n_params"] == 100000
+        assert m.llama_param_count(dict(cfg, ffn_hidden_size=172)) > 0
+        assert m.model_state_bytes(np.int64(10**9)) == 16 * 10**9
+        assert sum(m.model_state_breakdown(10**9).values()) == 16 * 10**9
+        assert m.activation_bytes_per_layer(32, 1, 64, 4) > 0 and m.output_activation_bytes(32, 1, 128) > 0
+        assert m.estimate_stage(stage_params=1000, layers=2, seq_len=8, micro_batch=1, hidden_size=16,
+                                num_heads=2, vocab_size=32)["total"] > 0
+        assert m.parse_memory_size("58GB") == 58 * 2**30 and m.mindformers_ffn_size(4096) == 11008
+        c = m.calibrate([m.estimate(dict(cfg, batch_size=b)) for b in (1, 2, 4)], [1e8, 1.2e8, 1.6e8])
+        assert isinstance(c, dict) and m.human_bytes(3 * 2**29) == "1.50 GiB"
+        assert m.allocate_bytes(4096) == 4096
+        r = m.measure_peak(m.allocate_bytes, 1 << 20)
+        assert isinstance(r, m.PeakMemory) and r.peak_bytes > 0
+        assert len(m.measure_peaks(m.allocate_bytes, [(1 << 20,)])) == 1
+        open("c.yaml", "w").write(MF_YAML)
+        assert m.estimate_from_mindformers_yaml("c.yaml")["total"] > 0
+    """,
+    "metrics": """
+        import numpy as np, os
+        assert m.flops_per_token(7e9, 32, 4096, 4096) == 6 * 7 * 10**9 + 12 * 32 * 4096 * 4096
+        assert m.flops_per_token(np.int64(100), np.int32(2), 8, 8) == 600 + 12 * 2 * 8 * 8
+        assert abs(m.mfu(np.float32(10), np.int64(100), np.int64(1), 1e4) - 0.1) < 1e-9
+        assert m.cpu_info()["threads"] >= 1 and m.platform_processor()
+        assert m.theoretical_peak_flops(verbose=False) > 0
+        assert m.peak_flops_record() is None or isinstance(m.peak_flops_record(), dict)
+        assert m.peak_memory_mb() > 0
+        log = m.StepLogger("run.csv", 1024, 1e6, 1e10)
+        log.log_step(1, np.float32(3.5), 0.5, lr=np.float64(1e-3))
+        log.log_step(2, np.array(3.0), 0.25)
+        assert m.summarize(log.rows)["final_loss"] == 3.0
+        assert "mindspore" not in sys.modules
+        os.environ["MSHELPERS_PEAK_CACHE"] = "peak.json"
+        import json; json.dump({m._peak_key("float32")[2]: {"flops": 1e11}}, open("peak.json", "w"))
+        assert m.peak_flops() == 1e11          # the cached measurement, no new one
+    """,
+    "model": """
+        from types import SimpleNamespace
+        knobs = m.precision_knobs(SimpleNamespace(compute_dtype="float32", amp_level="O0"), "CPU")
+        assert knobs["compute_dtype"] == "float32"
+        m.quiet_mindformers()
+    """,
+    "parallel": """
+        assert m.pipeline_bubble_fraction(4, 8) == 3 / 11
+        assert m.ring_allreduce_bytes(1000, 4) == 1500 and m.ring_allgather_bytes(1000, 4) == 750
+        assert m.tp_allreduce_buffer_bytes(1, 32, 64) == 4096 and m.tp_allreduces_per_micro_batch(2) > 0
+        m.validate_layout(Cfg(), 2, 1, 1, n_devices=2, global_batch=8)
+        assert m.check_shards([[1, 2], [3, 4]], [1, 2, 3, 4])["ok"]
+        assert m.simulate_pipeline(2, 4) and m.pipeline_in_flight(2, 4)[0] == 2
+        assert m.pipeline_activation_bytes(100.0, 2, 4) == 200
+        hw = m.Hardware.reference(next(iter(m.REFERENCE_HARDWARE)))
+        assert m.collective_time("all_reduce", 1e6, 8, hw) > 0
+        fit = m.fit_alpha_beta([{"op": "all_reduce", "bytes": b, "seconds": 1e-5 + b / 1e9} for b in (1e3, 1e5, 1e7)],
+                               "all_reduce")
+        assert isinstance(fit, m.AlphaBetaFit)
+    """,
+    "plots": """
+        import matplotlib; matplotlib.use("Agg")
+        rows = [{"step": s, "loss": 5.0 - s, "step_time_s": 0.1, "tokens_per_s": 100.0, "mfu": 0.1} for s in (1, 2, 3)]
+        m.plot_loss({"a": rows}); m.plot_throughput({"a": rows})
+        m.plot_comparison([{"run": "a", "x": 1.0}, {"run": "b", "x": 2.0}], ["x"])
+    """,
+    "profiling": """
+        import os
+        assert m.find_profile_dirs(os.getcwd()) == []
+        assert not m.COMM_OP_PATTERN.search("BroadcastTo") and m.COMM_OP_PATTERN.search("AllReduce")
+        ev = [{"name": "MatMul", "ts": 0.0, "dur": 5.0, "process": "CPU OP"},
+              {"name": "AllReduce", "ts": 5.0, "dur": 5.0, "process": "CPU OP"}]
+        ops = m.op_events(ev)
+        b = m.step_breakdown(ev, step_windows_us=[(0.0, 10.0)])
+        assert isinstance(m.diagnose(b), m.Diagnosis)
+        assert m.overhead_ratio([1.1, 1.1], [1.0, 1.0]) > 1
+        assert m.straggler_table({0: [1.0, 1.0], 1: [1.5, 1.5]})
+        import matplotlib; matplotlib.use("Agg")
+        m.plot_op_breakdown([{"op_type": "MatMul", "total_ms": 2.0, "percent": 100.0, "count": 1, "avg_ms": 2.0}])
+    """,
+    "report": """
+        rows = {"a": [{"tokens_per_s": 100.0, "mfu": 0.1}], "b": [{"tokens_per_s": 110.0, "mfu": 0.11}]}
+        agg = m.aggregate(rows)
+        assert m.compare(agg, "a", ["tokens_per_s"])
+        assert m.check_mfu_claim(1000, 1e6, 1, 0.5, 1e10)
+        import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt
+        assert m.figure_png(plt.figure())
+        assert m.write_report("out", "t", [("s", "text", None)])
+        table = [{"name": "base"}, {"name": "graph", "tokens/s verdict": "win"}]
+        assert m.choose_stack(table, {"speed": ["tokens/s"]}, "base") == (["graph"], {})
+    """,
+    "smalllm": """
+        import mindspore as ms, numpy as np
+        net = m.SmallLM(vocab=64, dim=16, ffn=32, layers=1)
+        loss = m.WithNextTokenLoss(net)
+        x = ms.Tensor(np.ones((2, 9), np.int32))
+        assert np.isfinite(float(loss(x).asnumpy()))
+    """,
+    "stability": """
+        import numpy as np
+        vals = list(np.linspace(5, 3, 40)); vals[30] = 50.0
+        assert m.find_spikes(np.array(vals)) == [30]
+        d = m.SpikeDetector(); d.update(1.0)
+        assert m.write_text_corpus("c.txt", n_bytes=1000)["bytes"] == 1000
+    """,
+    "summary": """
+        assert "mindinsight" in " ".join(m.mindinsight_command("logs")) and m.free_port() > 0
+    """,
+    "table": """
+        import numpy as np
+        assert "| 1.5 |" in m.markdown_table([{"a": np.float32(1.5)}])
+        m.append_csv({"a": 1, "b": np.float64(2.5)}, "r.csv")
+        assert m.read_csv("r.csv") == [{"a": 1, "b": 2.5}]
+    """,
+    "timing": """
+        assert m.peak_rss_mb() > 0
+        assert m.verdict([1.0, 1.0, 1.0], [2.0, 2.0, 2.0]) == "win"
+        with m.Benchmark("x") as b: pass
+    """,
+    "tuning": """
+        assert m.aoe_available() in (True, False)
+        assert m.aoe_command("m.air", 1, "out") and isinstance(m.aoe_env("out"), dict)
+        assert m.online_tuning_api() and m.online_tuning_code(2)
+        assert m.set_cpu_op_threads(2)
+        import json; json.dump({"best": {"a": 1}}, open("best.json", "w"))
+        res = m.autotune([{"a": 1}, {"a": 2}], lambda c: float(c["a"]), repeats=1, save_to="best2.json")
+        assert m.load_best("best2.json")
+    """,
+}
+
+# Public functions whose inputs are MindSpore objects, a live process or a server (exercised by their own
+# unit tests); here they must still name no sibling.
+NOT_PLAIN: dict[str, set[str]] = {
+    "amp": {"auto_mixed_precision", "activation_stats", "NonfiniteReport", "find_first_nonfinite", "DtypeReport",
+            "dtype_report", "ScaledStepResult", "make_scaled_train_step"},
+    "checkpoint": {"CorruptCheckpoint", "write_pending", "commit", "save", "read", "load"},
+    "compiling": {"capture_compile_error"},
+    "data": {"make_dataset"},
+    "launch": {"MsrunError", "RankResult", "MsrunResult", "msrun"},
+    "memory": set(),
+    "metrics": {"peak_flops"},      # measuring (refresh) needs MindSpore; the cached read is called above
+    "model": {"llama_config", "build_model", "count_params"},
+    "parallel": {"Layout", "plan_parallel_layout", "find_layout", "mindformers_parallel_config",
+                 "validate_with_mindformers", "auto_parallel_context", "Hardware"},
+    "profiling": {"ProfileRun", "profile_steps", "op_type_table", "top_ops", "load_trace", "plot_step_timeline"},
+    "smalllm": {"RMSNorm", "Block", "SmallBody", "NextTokenLoss"},
+    "stability": set(),
+    "summary": {"ScalarSummary", "MindInsight"},
+    "timing": {"IsolatedResult", "run_isolated", "compare_interleaved"},
+    "tuning": {"export_mindir", "load_mindir", "mindir_roundtrip", "TuneResult", "isolated_median_step_s"},
+    "train": {"lr_at", "make_optimizer", "make_loss_scaler", "make_train_step", "NonFiniteLoss", "CollapsedRun",
+              "NothingToResume", "RunLocked", "SpikeStorm", "run_lock", "main"},
+}
+
+# Functions that compose the cookbook's pipeline: the siblings they need (the whole chain), and a cheap
+# call to make in the folder holding exactly those files ("" = the imports are checked, no call).
+_TRAIN_CHAIN = ("train", "config", "metrics", "data", "model", "device", "checkpoint", "table", "stability")
+NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
+    ("amp", "amp_level_run"): (_TRAIN_CHAIN, ""),
+    ("compiling", "first_steps"): (("config", "data", "device", "model"), ""),
+    ("compiling", "fusion_steps"): (("config", "data", "device", "model"), ""),
+    ("memory", "train_for_peak"): (_TRAIN_CHAIN, ""),
+    ("model", "llama_config"): (("device",), ""),
+    ("parallel", "communication_bytes"): (("memory",), "assert m.communication_bytes(Cfg(), 2, 1, 1, global_batch=8)['dp'] > 0"),
+    ("parallel", "estimate_step_time"): (("memory",), """
+        hw = m.Hardware.reference(next(iter(m.REFERENCE_HARDWARE)))
+        lay = m.make_layout(Cfg(), 2, 1, 1, global_batch=8)
+        assert m.estimate_step_time(Cfg(), lay, hw, global_batch=8)['step_s'] > 0"""),
+    ("parallel", "make_layout"): (("memory",), "assert m.make_layout(Cfg(), 2, 1, 1, global_batch=8).n_devices == 2"),
+    ("parallel", "stage_activation_bytes"): (("memory",), """
+        from types import SimpleNamespace
+        assert m.stage_activation_bytes(Cfg(), SimpleNamespace(dp=1, mp=1, pp=2, micro_batches=4))"""),
+    ("parallel", "measure_collectives"): (("launch", "workers"), ""),
+    ("report", "run_summaries"): (_TRAIN_CHAIN, ""),
+    ("report", "resume_check"): (_TRAIN_CHAIN, ""),
+    ("report", "ablation_run"): (_TRAIN_CHAIN, ""),
+    ("tuning", "enable_online_tuning"): (("device",), ""),
+    ("tuning", "TrainStepTimer"): (_TRAIN_CHAIN, ""),
+    ("tuning", "isolated_step_times"): (_TRAIN_CHAIN, ""),
+    ("train", "train"): (_TRAIN_CHAIN, ""),
+    ("train", "History"): (("metrics",), ""),
+}
+
+_MF_YAML = """
+MF_YAML = '''
+context: {max_device_memory: "58GB"}
+parallel_config: {data_parallel: 8, model_parallel: 1, pipeline_stage: 1, micro_batch_num: 1}
+runner_config: {batch_size: 1}
+model:
+  model_config: {hidden_size: 4096, num_layers: 32, num_heads: 32, vocab_size: 32000, seq_length: 4096,
+                 use_flash_attention: True, compute_dtype: "float16"}
+recompute_config: {recompute: False, select_recompute: False}
+'''
+"""
+
+
+def _run(folder: Path, body: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `body` in a fresh interpreter with cwd and PYTHONPATH = folder (nothing else importable)."""
+    script = folder / "_copy_alone_check.py"     # a file, not -c: MindSpore compiles only code it can read
+    # under a main guard: measure_peak and run_isolated spawn children that re-import this script
+    script.write_text("import sys, importlib\nif __name__ == '__main__':\n" + textwrap.indent(body, "    "))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(folder), "HOME": str(folder), "MPLBACKEND": "Agg",
+           "MSHELPERS_BUILD": str(folder / "build"), "GLOG_v": "3", "MPLCONFIGDIR": str(folder / ".mpl")}
+    return subprocess.run([sys.executable, "-s", str(script)], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# The venv has the cookbook installed in editable mode (a finder on sys.meta_path); a user's project has
+# not, so the child drops that finder before anything else and then proves mshelpers is not importable.
+_PRELUDE = """
+import sys, importlib
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+sys.path[:] = [p for p in sys.path if "__editable__" not in p]
+try:
+    import mshelpers
+except ModuleNotFoundError:
+    pass
+else:
+    raise SystemExit("FAIL: the mshelpers package is importable here; the copy is not alone")
+"""
+
+
+def _copy(tmp: Path, names: tuple[str, ...]) -> None:
+    for n in names:
+        src = PKG / n
+        if src.is_dir():
+            shutil.copytree(src, tmp / n, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(PKG / f"{n}.py", tmp / f"{n}.py")
+
+
+def _public(module: str) -> list[str]:
+    mod = importlib.import_module(f"mshelpers.{module}")
+    return sorted(k for k, v in vars(mod).items()
+                  if not k.startswith("_") and (inspect.isfunction(v) or inspect.isclass(v))
+                  and getattr(v, "__module__", None) == mod.__name__)
+
+
+def _siblings_named(module: str, name: str) -> set[str]:
+    mod = importlib.import_module(f"mshelpers.{module}")
+    src = inspect.getsource(getattr(mod, name))
+    return set(re.findall(r'_sibling\("(\w+)"', src)) | set(re.findall(r"from \.(\w+) import", src)) \
+        | set(re.findall(r"from \. import (\w+)", src))
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_imports_and_works_alone(module, tmp_path):
+    _copy(tmp_path, (module,))
+    body = _PRELUDE + _USER_CFG + _MF_YAML + f"""
+m = importlib.import_module({module!r})
+assert m.__file__.startswith({str(tmp_path)!r}), m.__file__
+ms_at_import = "mindspore" in sys.modules
+if {module!r} in {NO_MINDSPORE_AT_IMPORT!r}:
+    assert not ms_at_import, "imports mindspore at import time"
+""" + textwrap.dedent(CALLS.get(module, "")) + "\nprint('COPY-ALONE-OK')\n"
+    out = _run(tmp_path, body)
+    assert out.returncode == 0 and "COPY-ALONE-OK" in out.stdout, (
+        f"{module}.py copied alone fails:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_public_function_is_called_or_declared(module):
+    """A public helper is called above on plain inputs, or declared NOT_PLAIN, or in NEEDS with its siblings."""
+    called = set(re.findall(r"\bm\.(\w+)", CALLS.get(module, "")))
+    needs = {f for (mod, f) in NEEDS if mod == module}
+    missing = [f for f in _public(module) if f not in called | needs | NOT_PLAIN.get(module, set())]
+    assert not missing, f"{module}: {missing} are neither called in CALLS nor declared in NEEDS/NOT_PLAIN"
+    for f in _public(module):
+        named = _siblings_named(module, f)
+        if (module, f) in NEEDS:
+            assert named <= set(NEEDS[(module, f)][0]), (module, f, named)
+        else:
+            assert not named, f"{module}.{f} imports siblings {sorted(named)}: declare it in NEEDS or inline them"
+
+
+@pytest.mark.parametrize("key", sorted(NEEDS), ids=lambda k: f"{k[0]}.{k[1]}")
+def test_pipeline_functions_work_with_exactly_their_siblings(key, tmp_path):
+    module, func = key
+    siblings, call = NEEDS[key]
+    _copy(tmp_path, (module, *siblings))
+    body = _PRELUDE + _USER_CFG + f"""
+m = importlib.import_module({module!r})
+for s in {tuple(s for s in siblings)!r}:
+    got = m._sibling(s) if hasattr(m, "_sibling") else importlib.import_module(s)
+    assert got.__file__.startswith({str(tmp_path)!r}), got.__file__
+assert callable(getattr(m, {func!r}))
+""" + textwrap.dedent(call) + "\nprint('COPY-ALONE-OK')\n"
+    out = _run(tmp_path, body)
+    assert out.returncode == 0 and "COPY-ALONE-OK" in out.stdout, (
+        f"{module}.{func} with {siblings}: \n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+
+
+def test_the_check_catches_a_top_level_sibling_import(tmp_path):
+    """The failure the README promise is about: `from .timing import x` at the top of metrics.py."""
+    src = (PKG / "metrics.py").read_text()
+    (tmp_path / "metrics.py").write_text(src.replace("import csv\n", "import csv\nfrom .timing import peak_rss_mb\n", 1))
+    out = _run(tmp_path, _PRELUDE + "import metrics\nprint('COPY-ALONE-OK')\n")
+    assert out.returncode != 0 and "COPY-ALONE-OK" not in out.stdout
+    assert "relative import" in out.stderr
