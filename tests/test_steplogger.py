@@ -64,3 +64,64 @@ def test_peak_memory_mb_prefers_the_device_figure(monkeypatch):
     monkeypatch.setattr(ms.runtime, "max_memory_allocated", lambda *a, **k: 0)   # what CPU returns
     from mshelpers.timing import peak_rss_mb
     assert metrics.peak_memory_mb() == pytest.approx(peak_rss_mb(), abs=1.0)
+
+
+def test_an_existing_csv_is_never_truncated_silently(tmp_path):
+    p = tmp_path / "run.csv"
+    StepLogger(p, 100, 10, 1e3).log_step(1, 3.0, 0.1, peak_mem_mb=1)
+    with pytest.raises(ValueError, match="append=True.*overwrite=True"):
+        StepLogger(p, 100, 10, 1e3)
+    assert [r["step"] for r in read_csv(p)] == [1]                      # untouched
+    StepLogger(p, 100, 10, 1e3, append=True).log_step(2, 2.5, 0.1, peak_mem_mb=1)
+    assert [r["step"] for r in read_csv(p)] == [1, 2]                   # a resumed run continues it
+    StepLogger(p, 100, 10, 1e3, overwrite=True).log_step(1, 9.0, 0.1, peak_mem_mb=1)
+    assert [(r["step"], r["loss"]) for r in read_csv(p)] == [(1, 9.0)]
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="columns"):
+        StepLogger(tmp_path / "other.csv", 100, 10, 1e3, append=True)
+
+
+def test_output_contract_is_explicit():
+    import numpy as np
+    log = StepLogger(None, 100, 10, 1e3)
+    assert log.read_outputs(np.float32(2.0)) == {"loss": np.float32(2.0)}
+    with pytest.raises(ValueError, match="returned a tuple of 3.*outputs='loss_overflow_scale'"):
+        log.read_outputs((np.float32(2.0), np.float32(0.9), np.int32(64)))       # (loss, acc, n_tokens)
+    scaled = StepLogger(None, 100, 10, 1e3, outputs="loss_overflow_scale")
+    got = scaled.read_outputs((np.float32(2.0), np.bool_(True), np.float32(128.0)))
+    assert got["overflow"] is True and got["loss_scale"] == 128.0
+    mine = StepLogger(None, 100, 10, 1e3, outputs=lambda out: {"loss": out[0]})
+    assert mine.read_outputs((1.5, 0.9, 64))["loss"] == 1.5
+    with pytest.raises(ValueError, match="outputs='guess'"):
+        StepLogger(None, 100, 10, 1e3, outputs="guess")
+
+
+def test_non_scalar_loss_is_a_clear_value_error():
+    import numpy as np
+    log = StepLogger(None, 100, 10, 1e3)
+    with pytest.raises(ValueError, match=r"loss=.*not a scalar \(shape \(4,\)\).*fix"):
+        log.log_step(1, np.ones(4, np.float32), 0.1, peak_mem_mb=1)
+    assert log.log_step(1, np.array([2.0]), 0.1, peak_mem_mb=1)["loss"] == 2.0   # one element is fine
+
+
+def test_as_a_callback_in_model_train_it_reads_lr_and_grad_norm_fns(tmp_path):
+    """Real Model.train on a tiny regression: loss from the net output, lr and grad norm from the fns."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import nn
+    from mindspore.train import Callback, Model
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = nn.Dense(4, 1)
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.01)
+    rng = np.random.default_rng(0)
+    data = ms.dataset.NumpySlicesDataset({"x": rng.normal(size=(16, 4)).astype(np.float32),
+                                          "y": rng.normal(size=(16, 1)).astype(np.float32)}, shuffle=False).batch(4)
+    log = StepLogger(tmp_path / "cb.csv", tokens_per_step=4, flops_per_token=8, peak_flops_per_device=1e9,
+                     grad_norm_fn=lambda step: 0.5 * step)
+    assert isinstance(log, Callback)
+    Model(net, nn.MSELoss(), opt).train(1, data, callbacks=[log], dataset_sink_mode=False)
+    rows = read_csv(tmp_path / "cb.csv")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["lr"] == pytest.approx(0.01) for r in rows)           # the optimizer's fixed rate
+    assert [r["grad_norm"] for r in rows] == [0.5, 1.0, 1.5, 2.0]
+    assert all(r["overflow"] is False and r["loss_scale"] == 1.0 for r in rows)
