@@ -1091,7 +1091,16 @@ def validate_mindformers_yaml(spec: dict, path: Any = None) -> dict:
         path = Path(tempfile.mkdtemp(prefix="mf_yaml_")) / "train.yaml"
     path = Path(path)
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    mf = MindFormerConfig(str(path))
+    import logging
+    quiet = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.startswith("mindformers")]
+    levels = [lg.level for lg in quiet]
+    for lg in quiet:      # its templates log a WARNING per optional section left empty (moe_config, swap_config, ...)
+        lg.setLevel(logging.ERROR)
+    try:
+        mf = MindFormerConfig(str(path))
+    finally:
+        for lg, lv in zip(quiet, levels):
+            lg.setLevel(lv)
     import inspect
     for klass, sect in ((TransformerOpParallelConfig, "parallel_config"), (TransformerRecomputeConfig, "recompute_config")):
         known = inspect.signature(klass).parameters
