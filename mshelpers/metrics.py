@@ -473,7 +473,8 @@ class StepLogger:
         dt = time.perf_counter() - self._t0
         got = self.read_outputs(cb.net_outputs)
         step = cb.cur_step_num
-        lr = got.get("lr", self.lr_fn(step) if self.lr_fn else _fixed_lr(getattr(cb, "optimizer", None)))
+        optimizer = getattr(cb, "optimizer", None) or getattr(getattr(cb, "train_network", None), "optimizer", None)
+        lr = got.get("lr", self.lr_fn(step) if self.lr_fn else _fixed_lr(optimizer))
         grad_norm = got.get("grad_norm", self.grad_norm_fn(step) if self.grad_norm_fn else float("nan"))
         self.log_step(step, got["loss"], dt, lr=lr, grad_norm=grad_norm,
                       overflow=bool(got.get("overflow", False)), loss_scale=got.get("loss_scale", 1.0))
