@@ -84,6 +84,7 @@ def write_pending(ckpt_dir: str | os.PathLike, net, optimizer=None, *, step: int
             os.fsync(f.fileno())
     except BaseException:
         tmp.unlink(missing_ok=True)
+        tmp.with_suffix(".tmp").unlink(missing_ok=True)   # MindSpore's own scratch name for the same write
         raise
     return tmp
 
@@ -147,7 +148,9 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
 
 def info(params: dict[str, Any]) -> dict[str, Any]:
     """Step, data position and run identity of a `read()` result."""
-    out = {"step": int(params["meta.step"].asnumpy()), "data_pos": int(params["meta.data_pos"].asnumpy())}
+    def value(v):
+        return int(v.asnumpy() if hasattr(v, "asnumpy") else v)
+    out = {k: value(params[f"meta.{k}"]) for k in ("step", "data_pos") if f"meta.{k}" in params}
     run = {k[len("meta.run."):]: v for k, v in params.items() if k.startswith("meta.run.")}
     if run:
         out["run"] = run
@@ -161,7 +164,7 @@ def nonfinite_params(params: dict[str, Any]) -> list[str]:
     for k, v in params.items():
         if k.startswith("meta.") or isinstance(v, str):
             continue
-        a = v.asnumpy()
+        a = np.asarray(v.asnumpy() if hasattr(v, "asnumpy") else v)   # Parameters, or plain numpy arrays
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             bad.append(k)
     return bad

@@ -14,18 +14,28 @@ compile; `History` reports it apart from the median of the steady steps.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .config import RunConfig, build_dir
-from .metrics import StepLogger, flops_per_token, mfu, summarize
-from .metrics import peak_flops as _peak_flops   # `peak_flops` is also train()'s keyword
+# Siblings (config, metrics, data, model, device, checkpoint, stability) are imported inside the functions
+# that use them: `lr_at`, `run_lock` and the step builders work from a copy of this file alone; `train()` and
+# the CLI need the siblings, in the package or copied side by side.
 
 
-def lr_at(cfg: RunConfig, step: int) -> float:
+def _sibling(module: str, *names: str) -> Any:
+    """A sibling cookbook module (or names from it), imported when a function needs it:
+    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
+    import importlib
+    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
+    got = tuple(getattr(mod, n) for n in names)
+    return mod if not names else got[0] if len(names) == 1 else got
+
+
+def lr_at(cfg: "RunConfig", step: int) -> float:
     """Learning rate at 1-based `step`: linear warm-up, then cosine decay to 10% of cfg.lr."""
     if step <= cfg.warmup_steps:
         return cfg.lr * step / max(1, cfg.warmup_steps)
@@ -120,7 +130,19 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
 
 
 class NonFiniteLoss(RuntimeError):
-    """Training produced a NaN/inf loss without loss scaling to absorb it."""
+    """Training produced a NaN/inf loss (or non-finite weights) without loss scaling to absorb it."""
+
+
+class CollapsedRun(RuntimeError):
+    """Training goes on but learns nothing: zero gradients, or the loss pinned at ln(vocab) (uniform guessing)."""
+
+
+class NothingToResume(RuntimeError):
+    """--resume found checkpoints but none it may continue (all corrupt, or another run's)."""
+
+
+class RunLocked(RuntimeError):
+    """Another process holds the run folder."""
 
 
 @dataclass
@@ -136,6 +158,7 @@ class History:
     rollbacks: list = field(default_factory=list)   # spike-guard events: step, loss, trigger, skipped data position
 
     def summary(self) -> dict[str, Any]:
+        summarize = _sibling("metrics", "summarize")
         s = summarize(self.rows)
         s.update(rollbacks=len(self.rollbacks), skipped_data_pos=[e["skipped_data_pos"] for e in self.rollbacks])
         s.update(run=self.cfg.name, mode=self.cfg.mode, loss_floor=self.floor,
@@ -163,23 +186,125 @@ class History:
         return path
 
 
-def train(cfg: RunConfig, steps: int | None = None, callbacks: Iterable[Callable[[dict], Any]] = (), *,
+class _MetricsCSV:
+    """metrics.csv, append-only: one line per step, flushed as it is written.
+
+    A resume keeps the rows up to the checkpoint's step exactly as they were written (values untouched),
+    drops the rest by writing a new file and renaming it over the old one (a kill mid-way leaves either
+    file whole), and repairs a torn last line (a crash mid-write) by dropping it.
+    """
+
+    def __init__(self, path: Path, columns: list[str]) -> None:
+        self.path, self.columns, self._f = path, list(columns), None
+
+    def _replace_with(self, lines: list[str]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".tmp-{os.getpid()}-{self.path.name}")
+        try:
+            with tmp.open("w", newline="") as f:
+                f.write("".join(line + "\n" for line in [",".join(self.columns), *lines]))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def start_fresh(self) -> None:
+        self._replace_with([])
+
+    def keep_upto(self, step: int) -> tuple[list[dict], str]:
+        """Keep rows with step <= `step`; return them parsed and a note on what was repaired or missing."""
+        import csv
+        import io
+        notes = []
+        raw = self.path.read_bytes().decode("utf-8", errors="replace") if self.path.exists() else ""
+        lines = raw.split("\n")
+        if lines[-1]:
+            notes.append(f"dropped a torn last line ({lines[-1][:40]!r}...)")
+        lines = lines[:-1]
+        kept_lines, rows, seen = [], [], set()
+        if lines:
+            header = next(csv.reader([lines[0]]))
+            for line in lines[1:]:
+                vals = next(csv.reader([line]), [])
+                if len(vals) != len(header):
+                    notes.append(f"dropped a malformed line ({line[:40]!r})")
+                    continue
+                r = dict(zip(header, vals))
+                try:
+                    st = int(r["step"])
+                except (KeyError, ValueError):
+                    notes.append(f"dropped a line without a step ({line[:40]!r})")
+                    continue
+                if st > step or st in seen:
+                    continue
+                seen.add(st)
+                if header != self.columns:   # an older column set: re-serialise under the current header
+                    buf = io.StringIO()
+                    csv.DictWriter(buf, fieldnames=self.columns, extrasaction="ignore", lineterminator="").writerow(r)
+                    line = buf.getvalue()
+                kept_lines.append(line)
+                rows.append({k: _parse_cell(r.get(k, "")) for k in self.columns})
+        missing = sorted(set(range(1, step + 1)) - seen)
+        if missing:
+            notes.append(f"metrics.csv has no rows for {len(missing)} of steps 1..{step} (e.g. step {missing[0]}); "
+                         "those steps ran before the checkpoint and are not redone")
+        self._replace_with(kept_lines)
+        return rows, "; ".join(notes)
+
+    def append(self, row: dict) -> None:
+        import csv
+        if self._f is None:
+            self._f = self.path.open("a", newline="")
+            self._w = csv.DictWriter(self._f, fieldnames=self.columns, extrasaction="ignore")
+        self._w.writerow(row)
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def _parse_cell(v: str) -> Any:
+    if v in ("True", "False"):
+        return v == "True"
+    for t in (int, float):
+        try:
+            return t(v)
+        except ValueError:
+            pass
+    return v
+
+
+def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callable[[dict], Any]] = (), *,
           csv_path: str | Path | None = None, progress: bool = True, peak_flops: float | None = None,
           net=None, ckpt_dir: str | Path | None = None, ckpt_every: int = 0, keep: int = 3,
-          resume: bool = False, stop_on_nonfinite: bool = True) -> History:
+          resume: bool = False, stop_on_nonfinite: bool = True, run: dict | None = None,
+          collapse_after: int = 5) -> History:
     """Train `cfg` for `steps` (default cfg.steps) steps and return its History.
 
     callbacks: callables receiving each step's row (dict) after it is logged.
-    csv_path: where the per-step CSV goes (default build/runs/<name>-<mode>-s<seed>.csv).
+    csv_path: where the per-step CSV goes (default build/runs/<name>-<mode>-s<seed>.csv). Rows are appended
+        and flushed one per step; a resume keeps the rows up to the checkpoint untouched.
     peak_flops: the device's peak FLOP/s for MFU (default: metrics.peak_flops(), measured once per machine
         and cached, so every run and notebook shares one denominator).
     net: an already built model (default: build_model(cfg)).
-    ckpt_dir, ckpt_every, keep: write a checkpoint every `ckpt_every` steps, keep the newest `keep`.
-    resume: continue from the newest intact checkpoint in ckpt_dir (corrupt ones are skipped with a
-        warning); the CSV keeps its rows up to that step and continues from there.
+    ckpt_dir, ckpt_every, keep: a checkpoint every `ckpt_every` steps and at the last step; the newest
+        `keep` intact ones are kept. A checkpoint becomes visible only once the next step's loss with its
+        weights came out finite (the last one: once its weights are checked finite).
+    resume: continue from the newest intact checkpoint in ckpt_dir (of run `run["id"]` when given);
+        says which one. Checkpoints that exist but are all corrupt raise NothingToResume and touch nothing.
+    run: the run's identity, e.g. {"id": "3f9c...", "config_hash": cfg.config_hash()}, stored in every
+        checkpoint; with it a resume never continues another run's checkpoints.
     stop_on_nonfinite: without dynamic loss scaling, a NaN/inf loss raises NonFiniteLoss naming the
-        step and the last good checkpoint. With dynamic loss scaling the step is skipped and counted.
+        step and the newest checkpoint with finite weights. With dynamic loss scaling the step is skipped.
+    collapse_after: stop with CollapsedRun after this many consecutive steps with a zero gradient norm, or
+        with the loss pinned at ln(vocab_size) (0 disables).
     """
+    build_dir = _sibling("config", "build_dir")
+    COLUMNS, StepLogger, flops_per_token, measured_peak_flops = _sibling(
+        "metrics", "COLUMNS", "StepLogger", "flops_per_token", "peak_flops")
     steps = cfg.steps if steps is None else steps
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"train: steps={steps!r} is invalid; fix: pass a positive integer")
@@ -194,82 +319,145 @@ def train(cfg: RunConfig, steps: int | None = None, callbacks: Iterable[Callable
     if steps > cfg.steps:
         cfg = cfg.replace(steps=steps)    # the lr schedule must cover every step
     cfg.validate()                          # before any MindSpore work
+    run_id = (run or {}).get("id")
+
+    checkpoint = _sibling("checkpoint")
+    if resume:   # decide before building anything: all-corrupt or too-few-steps fail with nothing touched
+        recs = checkpoint.scan(ckpt_dir, run_id=run_id)
+        good = [r for r in recs if r["status"] == "good"]
+        if recs and not good:
+            why = "; ".join(r.get("error") or f"{r['path'].name} belongs to run {r.get('run', {}).get('id')}"
+                            for r in recs)
+            raise NothingToResume(f"no checkpoint in {ckpt_dir} can be resumed ({why}); nothing was changed; "
+                                  "fix: restore a checkpoint, or start a fresh run in another folder")
+        if good and good[0]["step"] > steps:
+            raise ValueError(f"steps={steps} is fewer than the checkpoint's step {good[0]['step']} "
+                             f"({good[0]['path'].name}); fix: pass steps >= {good[0]['step']}")
 
     import mindspore as ms
+    import numpy as np
     from tqdm.auto import tqdm
 
-    from . import checkpoint
-    from .data import entropy_floor, numpy_batches
-    from .device import setup
-    from .model import build_model, count_params
-    from .table import read_csv
+    entropy_floor, numpy_batches = _sibling("data", "entropy_floor", "numpy_batches")
+    setup = _sibling("device", "setup")
+    build_model, count_params = _sibling("model", "build_model", "count_params")
 
     device = setup(mode=cfg.mode, seed=cfg.seed)
     net = net if net is not None else build_model(cfg, device)
     n_params = count_params(net)
     fpt = flops_per_token(n_params, cfg.num_layers, cfg.hidden_size, cfg.seq_len)
-    peak = peak_flops or _peak_flops()
+    peak = peak_flops or measured_peak_flops()
     optimizer = make_optimizer(net, cfg)
     step_fn = make_train_step(net, optimizer, cfg)
     floor = entropy_floor(cfg.vocab_size) if cfg.data == "markov" else None
     csv_path = Path(csv_path) if csv_path else build_dir("runs") / f"{cfg.name}-{cfg.mode}-s{cfg.seed}.csv"
+    metrics_csv = _MetricsCSV(csv_path, COLUMNS)
 
     start, data_pos, last_ckpt, kept_rows = 1, 0, None, []
     guard = _SpikeGuard(cfg, net, optimizer, step_fn.loss_scaler) if cfg.spike_guard else None
-    if resume:
-        found = checkpoint.latest_good(ckpt_dir)
-        if found:
-            meta = checkpoint.load(found[0], net, optimizer, step_fn.loss_scaler)
-            start, data_pos, last_ckpt = meta["step"] + 1, meta["data_pos"], found[0]
-            if guard:
-                guard.load(found[0])
-            if csv_path.exists():   # rows written after the checkpoint are redone, so drop them
-                kept_rows = [r for r in read_csv(csv_path) if r["step"] <= meta["step"]]
-    logger = StepLogger(csv_path, cfg.tokens_per_step, fpt, peak, n_devices=cfg.dp)
-    for r in kept_rows:
-        logger.log_step(r["step"], r["loss"], r["step_time_s"], lr=r["lr"], grad_norm=r["grad_norm"],
-                        overflow=r["overflow"], loss_scale=r["loss_scale"], peak_mem_mb=r["peak_mem_mb"],
-                        spike=bool(r.get("spike", False)))
+    if resume and good:
+        # the lr table is re-derived from cfg (a longer run stretches the cosine), so it is not restored
+        meta = checkpoint.load(good[0]["path"], net, optimizer, step_fn.loss_scaler, ignore=("learning_rate",))
+        start, data_pos, last_ckpt = meta["step"] + 1, meta["data_pos"], good[0]["path"]
+        if guard:
+            guard.load(good[0]["path"])
+        for r in recs[:recs.index(good[0])]:     # newer ones passed over, each with its reason
+            why = r.get("error") or f"checkpoint {r['path']} belongs to run {r.get('run', {}).get('id')}"
+            print(f"{why}; skipping it", file=sys.stderr)
+        kept_rows, note = metrics_csv.keep_upto(meta["step"])
+        if ckpt_every:
+            checkpoint.prune(ckpt_dir, keep, run_id=run_id)   # room for the next write on a nearly full disk
+        print(f"resumed from {good[0]['path']} (step {meta['step']}, data position {data_pos}); "
+              f"continuing at step {start} of {steps}" + (f"; {note}" if note else ""), file=sys.stderr, flush=True)
+    else:
+        if resume:
+            print(f"resume: no checkpoint in {ckpt_dir} yet; starting at step 1", file=sys.stderr, flush=True)
+        metrics_csv.start_fresh()
+    logger = StepLogger(None, cfg.tokens_per_step, fpt, peak, n_devices=cfg.dp)
+    logger.rows.extend(kept_rows)
     hist = History(cfg, logger.rows, n_params, fpt, peak, floor, csv_path)
     hist.rollbacks = guard.events if guard else []
 
     batches = numpy_batches(cfg.replace(batch_size=cfg.batch_size * cfg.grad_accum))
     for _ in range(data_pos):          # the data position is part of exact resume
         next(batches)
+    params = [p for p in net.get_parameters()]
+    ln_vocab, flat = math.log(cfg.vocab_size), 0
+    pending, pending_guard = None, None
     bar = tqdm(total=steps - start + 1, desc=f"{cfg.name} {cfg.mode}", disable=not progress, leave=False)
+
+    def commit_pending() -> None:
+        nonlocal pending, pending_guard, last_ckpt
+        last_ckpt = checkpoint.commit(pending)
+        if pending_guard is not None:
+            guard.save(last_ckpt, pending_guard)
+        pending, pending_guard = None, None
+        checkpoint.prune(ckpt_dir, keep, run_id=run_id)
+
+    def newest_finite() -> str:
+        found = checkpoint.latest_good(ckpt_dir, run_id=run_id, finite=True) if ckpt_dir else None
+        return f"{found[0]} (step {found[1]['step']})" if found else "none written yet"
+
     step, redo = start, False
-    while step <= steps:
-        if guard:
-            guard.snapshot()           # the state before this step: what a rollback restores
-        x = ms.Tensor(next(batches), ms.int32)
-        data_pos += 1
-        t0 = time.perf_counter()
-        loss, grad_norm, finite, scale = step_fn(x)
-        loss = float(loss.asnumpy())       # synchronises: the step is done when its loss is on the host
-        dt = time.perf_counter() - t0
-        grad_norm, finite = float(grad_norm.asnumpy()), bool(finite.asnumpy())
-        if guard and finite and guard.is_spike(loss, grad_norm):
-            guard.roll_back(step, loss, grad_norm, skipped=data_pos - 1)   # this batch is skipped for good
-            redo = True
-            continue                   # the same step again, on the next batch
-        row = logger.log_step(step, loss, dt, lr=lr_at(cfg, step), grad_norm=grad_norm,
-                              overflow=not finite, loss_scale=float(scale.asnumpy()), spike=redo)
-        redo = False
-        if stop_on_nonfinite and not cfg.dynamic_loss_scale and not math.isfinite(loss):
-            raise NonFiniteLoss(f"loss is {loss} at step {step}; last good checkpoint: "
-                                f"{last_ckpt or 'none written yet'}. Fix: lower lr, check the init, "
-                                "or enable dynamic_loss_scale to skip overflowed steps")
-        if ckpt_every and step % ckpt_every == 0:
-            last_ckpt = checkpoint.save(ckpt_dir, net, optimizer, step=step, data_pos=data_pos,
-                                        loss_scaler=step_fn.loss_scaler, keep=keep)
+    try:
+        while step <= steps:
             if guard:
-                guard.save(last_ckpt)
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", ms=f"{dt * 1e3:.0f}")
-        for cb in callbacks:
-            cb(row)
-        step += 1
-    bar.close()
+                guard.snapshot()           # the state before this step: what a rollback restores
+            x = ms.Tensor(next(batches), ms.int32)
+            data_pos += 1
+            t0 = time.perf_counter()
+            loss, grad_norm, finite, scale = step_fn(x)
+            loss = float(loss.asnumpy())       # synchronises: the step is done when its loss is on the host
+            dt = time.perf_counter() - t0
+            grad_norm, finite = float(grad_norm.asnumpy()), bool(finite.asnumpy())
+            if pending is not None:            # this loss was computed with the pending checkpoint's weights
+                if math.isfinite(loss):
+                    commit_pending()
+                else:
+                    Path(pending).unlink(missing_ok=True)
+                    pending = pending_guard = None
+            if guard and finite and guard.is_spike(loss, grad_norm):
+                guard.roll_back(step, loss, grad_norm, skipped=data_pos - 1)   # this batch is skipped for good
+                redo = True
+                continue                   # the same step again, on the next batch
+            row = logger.log_step(step, loss, dt, lr=lr_at(cfg, step), grad_norm=grad_norm,
+                                  overflow=not finite, loss_scale=float(scale.asnumpy()), spike=redo)
+            metrics_csv.append(row)
+            redo = False
+            if stop_on_nonfinite and not cfg.dynamic_loss_scale and not math.isfinite(loss):
+                raise NonFiniteLoss(f"loss is {loss} at step {step}; newest checkpoint with finite weights: "
+                                    f"{newest_finite()}. Fix: lower lr, check the init, "
+                                    "or enable dynamic_loss_scale to skip overflowed steps")
+            if collapse_after:
+                pinned = abs(loss - ln_vocab) < 1e-3 and step > cfg.warmup_steps
+                # overflowed steps still count when the loss is pinned: a dynamic scaler hides nothing here
+                flat = flat + 1 if (finite and grad_norm == 0.0) or pinned else 0
+                if flat >= collapse_after:
+                    raise CollapsedRun(f"the run collapsed: {flat} steps in a row up to step {step} with zero "
+                                       f"gradients or the loss pinned at ln vocab ({loss:.4f} vs {ln_vocab:.4f}; "
+                                       f"last grad norm {grad_norm:g}); "
+                                       f"newest checkpoint with finite weights: {newest_finite()}. "
+                                       "Fix: lower lr (the weights saturated) and resume from that checkpoint")
+            if ckpt_every and (step % ckpt_every == 0 or step == steps):
+                bad = next((p.name for p in params if not np.isfinite(p.asnumpy()).all()), None)
+                if bad:
+                    raise NonFiniteLoss(f"parameter {bad!r} is non-finite after step {step}; not saved; newest "
+                                        f"checkpoint with finite weights: {newest_finite()}. Fix: lower lr")
+                pending = checkpoint.write_pending(ckpt_dir, net, optimizer, step=step, data_pos=data_pos,
+                                                   loss_scaler=step_fn.loss_scaler, run=run)
+                pending_guard = guard.state() if guard else None
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", ms=f"{dt * 1e3:.0f}")
+            for cb in callbacks:
+                cb(row)
+            step += 1
+        if pending is not None:        # the last step: no next forward to vouch for it; its weights are finite
+            commit_pending()
+    finally:
+        if pending is not None:
+            Path(pending).unlink(missing_ok=True)
+        metrics_csv.close()
+        bar.close()
     return hist
 
 
@@ -288,7 +476,7 @@ class _SpikeGuard:
     MAX_ROLLBACKS, WITHIN = 5, 50   # ~1 % of batches poisoned gave 1-3 rollbacks per 50 steps here
 
     def __init__(self, cfg, net, optimizer, loss_scaler) -> None:
-        from .stability import SpikeDetector
+        SpikeDetector = _sibling("stability", "SpikeDetector")
         self.detector = SpikeDetector(window=cfg.spike_window, threshold=cfg.spike_threshold,
                                       warmup=min(10, cfg.spike_window))
         state: dict = {}
@@ -325,13 +513,18 @@ class _SpikeGuard:
                              f"skipped data positions {[e['skipped_data_pos'] for e in self.events[-len(recent):]]}); "
                              "fix: lower lr or inspect those batches rather than skipping more")
 
-    def save(self, ckpt_path) -> None:
+    def state(self) -> str:
         import json
-        import os
+        return json.dumps({"detector": self.detector.state_dict(), "events": self.events})
+
+    def save(self, ckpt_path, state: str | None = None) -> None:
         path = Path(ckpt_path).with_suffix(".guard.json")
         tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-        tmp.write_text(json.dumps({"detector": self.detector.state_dict(), "events": self.events}))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(self.state() if state is None else state)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         for stale in path.parent.glob("step_*.guard.json"):   # sidecars whose checkpoint was pruned
             if not stale.with_name(stale.name.replace(".guard.json", ".ckpt")).exists():
                 stale.unlink(missing_ok=True)
@@ -348,6 +541,8 @@ class _SpikeGuard:
 def _parse_set(items: list[str]) -> dict[str, Any]:
     """--set key=value pairs, each value converted to the RunConfig field's type."""
     import dataclasses
+
+    RunConfig = _sibling("config", "RunConfig")
     types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
     out: dict[str, Any] = {}
     for item in items:
@@ -373,46 +568,164 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
     return out
 
 
+class run_lock:
+    """Exclusive lock on a run folder for the whole run: `fcntl.flock` on `<folder>/.lock`.
+
+    A second process is refused at once with RunLocked naming the holder's PID. The kernel drops the
+    lock when its holder dies, however it dies, so a stale lock file never blocks.
+    """
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+
+    def __enter__(self) -> "run_lock":
+        import fcntl
+        if self.folder.exists() and not self.folder.is_dir():
+            raise NotADirectoryError(f"--out {self.folder} is a file, not a folder; fix: pass a folder path")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.folder / ".lock", "a+")
+        try:
+            fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._f.seek(0)
+            holder = self._f.read().strip() or "unknown"
+            self._f.close()
+            raise RunLocked(f"{self.folder} is in use by another run (pid {holder}); "
+                            "fix: wait for it to finish, or pass another --out") from None
+        self._f.seek(0)
+        self._f.truncate()
+        self._f.write(f"{os.getpid()}\n")
+        self._f.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()         # closing releases the flock
+
+
+def _move_aside(out: Path, what: list[Path]) -> Path:
+    """--overwrite: move a previous run's files into <out>/previous/<time>/ (nothing is deleted)."""
+    dest = out / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    n = 0
+    while dest.exists():
+        n += 1
+        dest = dest.with_name(f"{dest.name.split('.')[0]}.{n}")
+    dest.mkdir(parents=True)
+    for p in what:
+        os.replace(p, dest / p.name)
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI: python -m mshelpers.train --preset mini --steps 50 --out DIR [--ckpt-every K] [--resume]."""
+    """CLI: python -m mshelpers.train --preset mini --steps 50 --out DIR [--ckpt-every K] [--resume].
+
+    Every expected failure (bad input, a busy or unwritable folder, a full disk, a stopped run) ends in
+    one line `error: ...` and a non-zero exit; --debug shows the traceback instead.
+    """
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m mshelpers.train",
-                                 description="Train a RunConfig preset; write DIR/metrics.csv and checkpoints.")
-    ap.add_argument("--preset", default="mini", help="RunConfig preset name (default mini)")
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):          # one line, not usage + message
+            print(f"error: {message}", file=sys.stderr)
+            raise SystemExit(2)
+
+    ap = Parser(prog="python -m mshelpers.train",
+                description="Train a RunConfig preset; write DIR/metrics.csv, DIR/config.yaml and checkpoints.")
+    ap.add_argument("--preset", default=None, help="RunConfig preset name (default mini; a resume keeps the run's)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a RunConfig field")
-    ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps (0 = never)")
-    ap.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
-    ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in --out")
+    ap.add_argument("--steps", type=int, required=True, help="train up to this step (a resume may extend the run)")
+    ap.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps and at the end (0 = never)")
+    ap.add_argument("--keep", type=int, default=3, help="intact checkpoints to keep")
+    ap.add_argument("--out", required=True, help="run folder (one run per folder)")
+    ap.add_argument("--resume", action="store_true", help="continue this folder's run from its newest intact checkpoint")
+    ap.add_argument("--overwrite", action="store_true", help="start fresh in a used folder, moving the old run "
+                                                             "into DIR/previous/")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
     a = ap.parse_args(argv)
-    saved = Path(a.out) / "config.yaml"
     try:
-        # A resumed run keeps the config that wrote its checkpoints (the lr schedule's length included).
-        base = RunConfig.from_yaml(saved) if a.resume and saved.exists() else RunConfig.preset(a.preset)
-        cfg = base.replace(**_parse_set(a.set))
-        if a.steps < 1:
-            raise ValueError(f"--steps {a.steps} is invalid; fix: pass a positive integer")
-        if a.ckpt_every < 0 or a.keep < 1:
-            raise ValueError(f"--ckpt-every {a.ckpt_every} / --keep {a.keep} invalid; fix: ckpt-every >= 0, keep >= 1")
-        cfg = cfg.replace(steps=max(cfg.steps, a.steps)).validate()
-    except ValueError as e:
-        ap.error(str(e))
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg.to_yaml(out / "config.yaml")
-    try:
-        h = train(cfg, steps=a.steps, csv_path=out / "metrics.csv", progress=not a.quiet,
-                  ckpt_dir=out / "checkpoints", ckpt_every=a.ckpt_every, keep=a.keep, resume=a.resume)
-    except (NonFiniteLoss, SpikeStorm) as e:   # a stop with a reason, not a crash: one line, non-zero exit
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return _run(a)
+    except (OSError, ValueError, RuntimeError) as e:
+        if a.debug:
+            raise
+        msg = " ".join(str(e).split()) or type(e).__name__
+        print(f"error: {type(e).__name__}: {msg}", file=sys.stderr)
         return 1
-    s = h.summary()
-    if s["rollbacks"]:
+    except KeyboardInterrupt:
+        print("error: interrupted; resume with --resume", file=sys.stderr)
+        return 130
+
+
+def _run(a) -> int:
+    import uuid
+
+    checkpoint = _sibling("checkpoint")
+    RunConfig = _sibling("config", "RunConfig")
+    if a.steps < 1:
+        raise ValueError(f"--steps {a.steps} is invalid; fix: pass a positive integer")
+    if a.ckpt_every < 0 or a.keep < 1:
+        raise ValueError(f"--ckpt-every {a.ckpt_every} / --keep {a.keep} invalid; fix: ckpt-every >= 0, keep >= 1")
+    if a.resume and a.overwrite:
+        raise ValueError("--resume and --overwrite contradict each other; fix: pass one of them")
+    overrides = _parse_set(a.set)
+    out = Path(a.out)
+    saved, csv, ckpts = out / "config.yaml", out / "metrics.csv", out / "checkpoints"
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file, not a folder; fix: pass a folder path")
+    fresh = RunConfig.preset(a.preset or "mini").replace(**overrides)
+    fresh = fresh.replace(steps=max(fresh.steps, a.steps))
+    if not (a.resume and saved.exists()):
+        fresh.validate()                       # bad input fails before the folder is made
+    with run_lock(out):
+        for d in (out, ckpts):                 # we hold the lock: any temp file is a dead writer's
+            checkpoint.clean_temp(d)
+        if a.resume and saved.exists():
+            d = RunConfig.read_yaml(saved)
+            ident = d.get("run") if isinstance(d.get("run"), dict) else {}
+            if not ident.get("id"):
+                raise ValueError(f"{saved} has no run identity (written by an older version); "
+                                 "fix: start a fresh run in another --out")
+            base = RunConfig.from_dict(d).validate()
+            if a.preset and a.preset != base.name:
+                raise ValueError(f"--preset {a.preset} but the run in {out} is {base.name!r}; "
+                                 "fix: drop --preset when resuming")
+            cfg = base.replace(**overrides)
+            if a.steps > cfg.steps:
+                print(f"extending the run from {cfg.steps} to {a.steps} steps: the learning-rate schedule "
+                      f"(warm-up {cfg.warmup_steps}, then cosine to 10 %) is recomputed over {a.steps} steps; "
+                      f"steps already run keep the rates they had", file=sys.stderr)
+                cfg = cfg.replace(steps=a.steps)
+            cfg.validate()
+            changed = {k: (v, getattr(cfg, k)) for k, v in base.to_dict().items() if k != "steps" and getattr(cfg, k) != v}
+            if changed:
+                print("resume with changed settings: " + ", ".join(f"{k} {o!r} -> {n!r}" for k, (o, n) in changed.items()),
+                      file=sys.stderr)
+            run = {"id": ident["id"], "config_hash": cfg.config_hash()}
+        else:
+            if a.resume:
+                found = checkpoint.list_checkpoints(ckpts)
+                if found or csv.exists():
+                    raise ValueError(f"--resume: {out} holds {len(found)} checkpoints and "
+                                     f"{'a' if csv.exists() else 'no'} metrics.csv but no config.yaml to say "
+                                     "which run they belong to; fix: restore config.yaml, or start fresh with --overwrite")
+                print(f"resume: nothing to resume in {out}; starting a fresh run", file=sys.stderr)
+            cfg = fresh
+            used = [p for p in (saved, csv, ckpts) if p.exists()
+                    and (p.is_file() or any(p.iterdir()))]
+            if used and not a.resume:
+                if not a.overwrite:
+                    raise ValueError(f"{out} already holds a run ({', '.join(p.name for p in used)}); fix: --resume "
+                                     "to continue it, --overwrite to move it aside, or another --out")
+                print(f"moved the previous run to {_move_aside(out, used)}", file=sys.stderr)
+            run = {"id": uuid.uuid4().hex[:12], "config_hash": cfg.config_hash()}
+        cfg.to_yaml(saved, run=run)
+        h = train(cfg, steps=a.steps, csv_path=csv, progress=not a.quiet, ckpt_dir=ckpts,
+                  ckpt_every=a.ckpt_every, keep=a.keep, resume=a.resume, run=run)
+    s = h.summary() if h.rows else None
+    if s and s["rollbacks"]:
         print(f"spike guard: {s['rollbacks']} rollbacks, skipped data positions {s['skipped_data_pos']}")
-    print(f"done: {s['steps']} steps, final loss {s['final_loss']:.4f}, median step {s['median_step_s'] * 1e3:.0f} ms; "
-          f"metrics in {out / 'metrics.csv'}")
+    if s:
+        print(f"done: {s['steps']} steps, final loss {s['final_loss']:.4f}, median step "
+              f"{s['median_step_s'] * 1e3:.0f} ms; metrics in {csv}")
     return 0
 
 

@@ -1,8 +1,13 @@
-"""Drive the training CLI the way a cluster job would: exact resume, corrupt fallback, SIGKILL recovery.
+"""Drive the training CLI the way a cluster job (and a hostile user) would.
 
-Each case runs real `python -m mshelpers.train` processes on the tiny preset in graph mode.
+Each case runs real `python -m mshelpers.train` processes on the tiny preset in graph mode: exact resume,
+corrupt checkpoints, two writers, foreign checkpoints, torn metrics, NaN and collapse stops, a full disk,
+bad input, and SIGKILL at random moments. Every case ends in a correct result or in one line `error: ...`
+with a non-zero exit, and nothing is lost or mixed.
 """
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,23 +16,49 @@ from pathlib import Path
 
 import pytest
 
-from mshelpers.checkpoint import list_checkpoints
+from mshelpers.checkpoint import list_checkpoints, read
+from mshelpers.config import RunConfig
 from mshelpers.table import read_csv
+from mshelpers.train import lr_at
 
 BASE = ["--preset", "tiny", "--set", "mode=graph", "--set", "dynamic_loss_scale=true",
         "--set", "loss_scale=1024", "--quiet"]
 
 
-def cli(out, *args, check=True):
-    cmd = [sys.executable, "-m", "mshelpers.train", *BASE, "--out", str(out), *args]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+def cli(out, *args, check=True, base=BASE, **kw):
+    cmd = [sys.executable, "-m", "mshelpers.train", *base, "--out", str(out), *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
     if check and p.returncode:
         raise AssertionError(f"{cmd} failed:\n{p.stderr[-3000:]}")
     return p
 
 
+def resume(out, *args, **kw):
+    """A resume keeps the run's own config: only --steps and the checkpoint flags are passed."""
+    return cli(out, "--resume", "--quiet", *args, base=[], **kw)
+
+
 def losses(out):
     return [r["loss"] for r in read_csv(Path(out) / "metrics.csv")]
+
+
+def steps_of(out):
+    return [r["step"] for r in read_csv(Path(out) / "metrics.csv")]
+
+
+def one_error_line(p, *needles):
+    """A refused case: non-zero exit, exactly one line on stderr starting `error:`, no traceback."""
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert p.returncode != 0, p.stderr
+    assert lines and lines[-1].startswith("error: "), p.stderr
+    assert "Traceback" not in p.stderr and len([l for l in lines if l.startswith("error")]) == 1, p.stderr
+    for n in needles:
+        assert n in lines[-1], lines[-1]
+    return lines[-1]
+
+
+def temp_files(out):
+    return [p for p in Path(out).rglob(".tmp-*")]
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +68,21 @@ def straight(tmp_path_factory):
     return losses(out)
 
 
-def test_resume_is_bitwise_identical(tmp_path, straight):
+# ------------------------------------------------------------------------------------------ exact resume
+def test_resume_is_bitwise_identical_and_says_where_it_continued(tmp_path, straight):
     cli(tmp_path, "--steps", "4", "--ckpt-every", "2")
-    cli(tmp_path, "--steps", "8", "--ckpt-every", "2", "--resume")
-    rows = read_csv(tmp_path / "metrics.csv")
-    assert [r["step"] for r in rows] == list(range(1, 9))
+    before = (tmp_path / "metrics.csv").read_bytes()
+    p = resume(tmp_path, "--steps", "8", "--ckpt-every", "2")
+    assert "resumed from" in p.stderr and "step_000004.ckpt (step 4, data position 4)" in p.stderr
+    assert steps_of(tmp_path) == list(range(1, 9))
     assert losses(tmp_path) == straight          # exact: same floats, data position included
+    assert (tmp_path / "metrics.csv").read_bytes().startswith(before)   # rows already written keep their bytes
+
+
+def test_the_last_step_is_always_checkpointed(tmp_path):
+    cli(tmp_path, "--steps", "5", "--ckpt-every", "2")
+    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == \
+        ["step_000005.ckpt", "step_000004.ckpt", "step_000002.ckpt"]
 
 
 def test_corrupt_latest_checkpoint_falls_back(tmp_path, straight):
@@ -50,42 +90,154 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, straight):
     newest = list_checkpoints(tmp_path / "checkpoints")[0]
     assert newest.name == "step_000006.ckpt"
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])   # truncated, like a full disk
-    p = cli(tmp_path, "--steps", "8", "--ckpt-every", "2", "--resume")
+    p = resume(tmp_path, "--steps", "8", "--ckpt-every", "2")
     assert "step_000006.ckpt is corrupt or truncated" in p.stderr
+    assert "resumed from" in p.stderr and "(step 4," in p.stderr
     assert losses(tmp_path) == straight          # resumed from step 4 and redid 5..8
 
 
-def test_sigkill_loses_at_most_k_steps(tmp_path, straight):
-    k = 2
-    cmd = [sys.executable, "-m", "mshelpers.train", *BASE, "--out", str(tmp_path), "--steps", "400",
-           "--ckpt-every", str(k)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def test_every_checkpoint_corrupt_stops_and_touches_nothing(tmp_path):
+    cli(tmp_path, "--steps", "4", "--ckpt-every", "2")
+    for c in list_checkpoints(tmp_path / "checkpoints"):
+        c.write_bytes(c.read_bytes()[:1000])
+    snapshot = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"}
+    p = resume(tmp_path, "--steps", "8", check=False)
+    one_error_line(p, "NothingToResume", "nothing was changed")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"} == snapshot
+
+
+# ---------------------------------------------------------------------------------------- one writer
+def test_a_second_writer_is_refused_at_once_and_the_first_finishes_intact(tmp_path):
+    first = subprocess.Popen([sys.executable, "-m", "mshelpers.train", *BASE, "--out", str(tmp_path),
+                              "--steps", "40", "--ckpt-every", "10"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = tmp_path / ".lock"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (lock.exists() and lock.read_text().strip()):
+        time.sleep(0.05)
+    for args in (["--steps", "40"], ["--steps", "40", "--resume"], ["--steps", "40", "--overwrite"]):
+        t0 = time.time()
+        p = cli(tmp_path, *args, check=False)
+        one_error_line(p, "RunLocked", f"pid {first.pid}")
+        assert time.time() - t0 < 60                      # refused at start-up, not after training
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    assert steps_of(tmp_path) == list(range(1, 41))       # every step once, from one run
+
+
+def test_a_lock_left_by_a_killed_run_never_blocks(tmp_path, straight):
+    proc = subprocess.Popen([sys.executable, "-m", "mshelpers.train", *BASE, "--out", str(tmp_path),
+                             "--steps", "8", "--ckpt-every", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     csv = tmp_path / "metrics.csv"
     deadline = time.time() + 240
-    while time.time() < deadline and (not csv.exists() or len(csv.read_text().splitlines()) < 8):
-        time.sleep(0.2)
-    os.kill(proc.pid, signal.SIGKILL)
+    while time.time() < deadline and (not csv.exists() or len(csv.read_text().splitlines()) < 4):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
     proc.wait()
-    done = len(read_csv(csv))
-    saved = int(list_checkpoints(tmp_path / "checkpoints")[0].stem.split("_")[1])
-    assert done - saved <= k + 1                 # +1: a step may finish between the CSV write and the kill
-    # A kill mid-write may leave a temp file; it must never be read. Plant one that would win if it were.
-    ckpts = tmp_path / "checkpoints"
-    (ckpts / ".tmp-999-step_999999.ckpt").write_bytes(b"half a checkpoint")
-    assert all(not p.name.startswith(".tmp-") for p in list_checkpoints(ckpts))
-    p = cli(tmp_path, "--steps", str(saved + 2), "--ckpt-every", str(k), "--resume")
-    assert "corrupt" not in p.stderr
-    rows = read_csv(csv)
-    assert [r["step"] for r in rows] == list(range(1, saved + 3))
+    assert (tmp_path / ".lock").exists()
+    resume(tmp_path, "--steps", "8", "--ckpt-every", "2")
+    assert losses(tmp_path) == straight
 
 
-def test_nonfinite_loss_stops_with_step_and_checkpoint(tmp_path):
-    # lr=1e30: Adam's first update makes the weights ~1e29, so the second forward overflows to NaN
-    p = cli(tmp_path, "--steps", "6", "--ckpt-every", "1", "--set", "dynamic_loss_scale=false",
-            "--set", "lr=1e30", check=False)
-    assert p.returncode != 0
-    assert "NonFiniteLoss: loss is nan at step 2; last good checkpoint:" in p.stderr
-    assert "step_000001.ckpt" in p.stderr
+# ------------------------------------------------------------------------------------- run identity
+def test_a_fresh_run_into_a_used_folder_is_refused_and_overwrite_moves_it_aside(tmp_path):
+    cli(tmp_path, "--steps", "3", "--ckpt-every", "3")
+    old_rows = (tmp_path / "metrics.csv").read_bytes()
+    p = cli(tmp_path, "--steps", "3", check=False)
+    one_error_line(p, "already holds a run", "--overwrite")
+    assert (tmp_path / "metrics.csv").read_bytes() == old_rows
+    p = cli(tmp_path, "--steps", "2", "--overwrite")
+    moved = list((tmp_path / "previous").iterdir())
+    assert len(moved) == 1 and (moved[0] / "metrics.csv").read_bytes() == old_rows
+    assert (moved[0] / "checkpoints" / "step_000003.ckpt").exists()
+    assert steps_of(tmp_path) == [1, 2]
+
+
+def test_resume_never_continues_another_runs_checkpoints(tmp_path):
+    other = tmp_path / "other"
+    cli(other, "--steps", "6", "--ckpt-every", "6", "--set", "seed=1")
+    run = tmp_path / "run"
+    cli(run, "--steps", "2", "--ckpt-every", "2")
+    # a stray checkpoint of another run, newer than ours, lands in our folder
+    shutil.copy(other / "checkpoints" / "step_000006.ckpt", run / "checkpoints" / "step_000006.ckpt")
+    p = resume(run, "--steps", "4", "--ckpt-every", "2")
+    assert "step_000006.ckpt belongs to run" in p.stderr and "(step 2," in p.stderr
+    assert steps_of(run) == [1, 2, 3, 4]
+    assert (run / "checkpoints" / "step_000006.ckpt").exists()          # not ours: never pruned
+    ident = RunConfig.read_yaml(run / "config.yaml")["run"]["id"]
+    assert read(run / "checkpoints" / "step_000004.ckpt")["meta.run.id"] == ident
+    # only the foreign checkpoint left: nothing of ours to resume
+    for c in list_checkpoints(run / "checkpoints")[1:]:
+        c.unlink()
+    one_error_line(resume(run, "--steps", "8", check=False), "NothingToResume")
+
+
+# ---------------------------------------------------------------------------------------- metrics.csv
+def test_a_torn_last_metrics_line_is_repaired(tmp_path, straight):
+    cli(tmp_path, "--steps", "6", "--ckpt-every", "2")
+    # a crash while writing row 6: its checkpoint was never committed (that happens a step later) and the
+    # row is cut mid-line
+    (tmp_path / "checkpoints" / "step_000006.ckpt").unlink()
+    csv = tmp_path / "metrics.csv"
+    text = csv.read_text()
+    csv.write_text(text[: len(text) - 25])
+    p = resume(tmp_path, "--steps", "8", "--ckpt-every", "2")
+    assert "dropped a torn last line" in p.stderr and "(step 4," in p.stderr
+    assert steps_of(tmp_path) == list(range(1, 9)) and losses(tmp_path) == straight
+
+
+def test_resume_without_metrics_csv_keeps_going_and_says_so(tmp_path):
+    cli(tmp_path, "--steps", "4", "--ckpt-every", "2")
+    (tmp_path / "metrics.csv").unlink()
+    p = resume(tmp_path, "--steps", "6", "--ckpt-every", "2")
+    assert "no rows for 4 of steps 1..4" in p.stderr and "done: 2 steps" in p.stdout
+    assert steps_of(tmp_path) == [5, 6]
+
+
+# -------------------------------------------------------------------------------------- step counts
+def test_extending_a_run_stretches_the_lr_schedule_and_says_how(tmp_path):
+    cli(tmp_path, "--steps", "4", "--ckpt-every", "2")
+    p = resume(tmp_path, "--steps", "12", "--ckpt-every", "2")
+    assert "extending the run from 10 to 12 steps" in p.stderr      # tiny's preset schedule is 10 steps
+    rows = read_csv(tmp_path / "metrics.csv")
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    cfg = RunConfig.from_yaml(tmp_path / "config.yaml")
+    assert cfg.steps == 12
+    assert [r["lr"] for r in rows[4:]] == pytest.approx([lr_at(cfg, s) for s in range(5, 13)])
+
+
+def test_resume_with_fewer_steps_than_the_checkpoint_is_refused(tmp_path):
+    cli(tmp_path, "--steps", "8", "--ckpt-every", "4")
+    before = (tmp_path / "metrics.csv").read_bytes()
+    one_error_line(resume(tmp_path, "--steps", "5", check=False), "steps=5 is fewer than the checkpoint's step 8")
+    assert (tmp_path / "metrics.csv").read_bytes() == before
+
+
+def test_resume_with_nothing_to_resume_says_so(tmp_path):
+    p = cli(tmp_path, "--steps", "2", "--resume")
+    assert "nothing to resume" in p.stderr and steps_of(tmp_path) == [1, 2]
+
+
+# ----------------------------------------------------------------------------------- stop the damage
+def test_a_blow_up_is_never_checkpointed_and_a_saner_lr_resumes(tmp_path):
+    cli(tmp_path, "--steps", "2", "--ckpt-every", "1", "--set", "dynamic_loss_scale=false")
+    # lr=1e30: step 3's update makes the weights ~1e29 (still finite), so step 4's forward overflows to NaN
+    p = resume(tmp_path, "--steps", "6", "--ckpt-every", "1", "--set", "lr=1e30", check=False)
+    one_error_line(p, "NonFiniteLoss", "loss is nan at step 4", "newest checkpoint with finite weights",
+                   "step_000002.ckpt")
+    assert [c.name for c in list_checkpoints(tmp_path / "checkpoints")][0] == "step_000002.ckpt"
+    assert not temp_files(tmp_path)
+    p = resume(tmp_path, "--steps", "6", "--ckpt-every", "1", "--set", "lr=3e-3")
+    assert "(step 2," in p.stderr and "lr 1e+30 -> 0.003" in p.stderr
+    rows = read_csv(tmp_path / "metrics.csv")
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert all(r["loss"] == r["loss"] and r["loss"] < 6 for r in rows)
+
+
+def test_a_collapsed_run_stops_with_a_message(tmp_path):
+    # lr=1e6 saturates the weights: zero gradients and the loss pinned at ln(256), with no NaN anywhere
+    p = cli(tmp_path, "--steps", "20", "--set", "lr=1e6", check=False)
+    one_error_line(p, "CollapsedRun", "zero gradients or the loss pinned at ln vocab")
+    assert len(steps_of(tmp_path)) < 20
 
 
 def test_nonfinite_with_dynamic_loss_scale_is_skipped_and_counted(tmp_path):
@@ -96,8 +248,148 @@ def test_nonfinite_with_dynamic_loss_scale_is_skipped_and_counted(tmp_path):
     assert [r["loss_scale"] for r in rows] == [512.0, 256.0, 128.0]     # halved exactly once per overflow
 
 
-def test_bad_cli_arguments_get_one_clear_error(tmp_path):
-    p = cli(tmp_path, "--steps", "3", "--set", "amp_level=O9", check=False)
-    assert p.returncode == 2 and "RunConfig.amp_level='O9' is invalid" in p.stderr
-    p = cli(tmp_path, "--steps", "3", "--set", "nope=1", check=False)
-    assert p.returncode == 2 and "--set nope: unknown RunConfig field" in p.stderr
+# --------------------------------------------------------------------------------------- clean errors
+@pytest.mark.parametrize("args, needle", [
+    (["--set", "amp_level=O9"], "RunConfig.amp_level='O9' is invalid"),
+    (["--set", "nope=1"], "--set nope: unknown RunConfig field"),
+    (["--set", "lr=inf"], "RunConfig.lr=inf is invalid"),
+    (["--set", "loss_scale=inf"], "RunConfig.loss_scale=inf is invalid"),
+    (["--set", "grad_clip=nan"], "RunConfig.grad_clip=nan is invalid"),
+    (["--set", "weight_decay=nan"], "RunConfig.weight_decay=nan is invalid"),
+    (["--steps", "x"], "argument --steps: invalid int value"),
+])
+def test_bad_cli_arguments_get_one_clear_error(tmp_path, args, needle):
+    out = tmp_path / "run"
+    p = cli(out, *(args if "--steps" in args else ["--steps", "3", *args]), check=False)
+    one_error_line(p, needle)
+    assert not out.exists()                          # refused before the folder is made
+
+
+def test_a_data_file_too_short_is_refused_before_anything_is_built(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("too short")
+    out = tmp_path / "run"
+    one_error_line(cli(out, "--steps", "3", "--set", f"data={short}", check=False),
+                   "holds 9 bytes, fewer than seq_len+1=33")
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("two_step")
+    cli(out, "--steps", "2", "--ckpt-every", "2")
+    return out
+
+
+@pytest.mark.parametrize("yaml_text, needle", [
+    ("grad_clip: abc\n", "RunConfig.grad_clip='abc' is invalid"),
+    ("data: 123\n", "RunConfig.data=123 is invalid"),
+    ("name: [unclosed\n", "not valid YAML"),
+    ("name: tiny\x00\n", "not valid YAML"),
+    ("", "is empty"),
+    ("- a list\n", "expected `field: value` lines"),
+])
+def test_a_damaged_config_yaml_on_resume_is_one_line_and_touches_nothing(tmp_path, two_step_run, yaml_text, needle):
+    tmp_path = tmp_path / "run"
+    shutil.copytree(two_step_run, tmp_path)
+    saved = tmp_path / "config.yaml"
+    good = RunConfig.read_yaml(saved)
+    if yaml_text.startswith(("grad_clip", "data")):        # a wrong type inside an otherwise intact file
+        key = yaml_text.split(":")[0]
+        text = saved.read_text().replace(f"{key}: {good[key]}", yaml_text.strip())
+    else:
+        text = yaml_text
+    saved.write_text(text)
+    rows = (tmp_path / "metrics.csv").read_bytes()
+    one_error_line(cli(tmp_path, "--steps", "4", "--resume", "--preset", "tiny", check=False), needle)
+    assert (tmp_path / "metrics.csv").read_bytes() == rows and saved.read_text() == text
+
+
+def test_out_that_is_a_file_or_unwritable_is_one_line(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    one_error_line(cli(f, "--steps", "2", check=False), "is a file, not a folder")
+    one_error_line(cli("/sys/mshelpers-not-writable", "--steps", "2", check=False), "PermissionError")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    p = cli(f, "--steps", "2", "--debug", check=False)
+    assert p.returncode != 0 and "Traceback" in p.stderr
+
+
+# ------------------------------------------------------------------------------------------ full disk
+def _small_disk(tmp_path):
+    """A 4 MiB tmpfs where mounting is allowed (root), else None (the caller uses RLIMIT_FSIZE)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
+    return mnt if r.returncode == 0 else None
+
+
+def test_a_full_disk_is_one_line_leaves_no_temp_file_and_loses_nothing(tmp_path):
+    # tiny's checkpoint is 1.5 MB: on a 4 MiB disk the second one fits, the third (with its pending copy) does not
+    mnt = _small_disk(tmp_path)
+    kw = {}
+    if mnt is None:                  # no mount here: a per-process file-size limit gives EFBIG instead of ENOSPC
+        import resource
+        mnt = tmp_path / "disk"
+        kw["preexec_fn"] = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, 1_000_000))
+    try:
+        out = mnt / "run"
+        p = cli(out, "--steps", "8", "--ckpt-every", "1", "--keep", "3", check=False, **kw)
+        one_error_line(p, "OSError" if not kw else "File too large")
+        assert not temp_files(out)
+        good = list_checkpoints(out / "checkpoints")
+        for c in good:
+            read(c)                                   # every checkpoint that is there is whole
+        done = steps_of(out)
+        assert done == list(range(1, len(done) + 1))
+        if not kw:                                    # with room for one checkpoint the run completes
+            assert len(good) >= 1
+            resume(out, "--steps", "8", "--ckpt-every", "1", "--keep", "1")
+            assert steps_of(out) == list(range(1, 9)) and not temp_files(out)
+    finally:
+        if not kw:
+            subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+# ------------------------------------------------------------------------------------ fault injection
+def test_stale_temp_files_are_removed_at_start_up(tmp_path):
+    cli(tmp_path, "--steps", "2", "--ckpt-every", "2")
+    planted = [tmp_path / "checkpoints" / ".tmp-999-step_999999.ckpt", tmp_path / ".tmp-999-metrics.csv"]
+    for t in planted:
+        t.write_bytes(b"half a file")
+    resume(tmp_path, "--steps", "3", "--ckpt-every", "2")
+    assert not temp_files(tmp_path)
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, straight, trial):
+    """Kill the run at a random moment (up to three times), resume each time: rows 1..8 exactly once,
+    the losses of an uninterrupted run, and no temp file left behind."""
+    rng = random.Random(1000 + trial)
+    args = ["--steps", "8", "--ckpt-every", "2"]
+    first, kills = True, 0
+    for _ in range(12):
+        cmd = [sys.executable, "-m", "mshelpers.train", *(BASE if first else ["--quiet"]), "--out", str(tmp_path),
+               *args, *([] if first else ["--resume"])]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if kills < 3:
+            # a moment anywhere from start-up to the end of training (tiny: ~5-15 s per process here)
+            try:
+                rc = proc.wait(timeout=rng.uniform(2.0, 14.0))
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                first = first and not (tmp_path / "config.yaml").exists()
+                continue
+        else:
+            rc = proc.wait(timeout=300)
+        assert rc == 0, proc.stderr.read()
+        break
+    assert steps_of(tmp_path) == list(range(1, 9))
+    assert losses(tmp_path) == straight
+    assert not temp_files(tmp_path)
