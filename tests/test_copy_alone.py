@@ -245,7 +245,9 @@ NOT_PLAIN: dict[str, set[str]] = {
     "metrics": {"peak_flops"},      # measuring (refresh) needs MindSpore; the cached read is called above
     "model": {"llama_config", "build_model", "count_params"},
     "parallel": {"Layout", "plan_parallel_layout", "find_layout", "mindformers_parallel_config",
-                 "validate_with_mindformers", "auto_parallel_context", "Hardware"},
+                 "validate_with_mindformers", "auto_parallel_context", "Hardware",
+                 # these take a Layout from make_layout (see NEEDS) or a mindformers spec
+                 "auto_parallel_plan", "mindformers_yaml", "validate_mindformers_yaml", "yaml_global_batch"},
     "profiling": {"ProfileRun", "profile_steps", "op_type_table", "top_ops", "load_trace", "plot_step_timeline"},
     "smalllm": {"RMSNorm", "Block", "SmallBody", "NextTokenLoss"},
     "stability": set(),
