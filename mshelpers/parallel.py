@@ -49,6 +49,7 @@ Pipeline schedules played out, with the micro-batches each stage holds:
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
 from typing import Any, Iterable, Sequence
@@ -80,9 +81,9 @@ def pipeline_bubble_fraction(pp: int, micro_batches: int, virtual_stages: int = 
         >>> pipeline_bubble_fraction(4, 8, virtual_stages=2)          # 3 / 19
         0.15789473684210525
     """
-    _pos("pipeline_bubble_fraction", "pp", pp)
-    _pos("pipeline_bubble_fraction", "micro_batches", micro_batches)
-    _pos("pipeline_bubble_fraction", "virtual_stages", virtual_stages)
+    pp = _pos("pipeline_bubble_fraction", "pp", pp)
+    micro_batches = _pos("pipeline_bubble_fraction", "micro_batches", micro_batches)
+    virtual_stages = _pos("pipeline_bubble_fraction", "virtual_stages", virtual_stages)
     return (pp - 1) / (virtual_stages * micro_batches + pp - 1)
 
 
@@ -92,7 +93,7 @@ def ring_allreduce_bytes(buffer_bytes: int, group_size: int) -> int:
         >>> ring_allreduce_bytes(1000, 2), ring_allreduce_bytes(1000, 8)
         (1000, 1750)
     """
-    _pos("ring_allreduce_bytes", "group_size", group_size)
+    group_size = _pos("ring_allreduce_bytes", "group_size", group_size)
     return round(2 * (group_size - 1) * buffer_bytes / group_size)
 
 
@@ -102,7 +103,7 @@ def ring_allgather_bytes(output_bytes: int, group_size: int) -> int:
         >>> ring_allgather_bytes(1000, 2)
         500
     """
-    _pos("ring_allgather_bytes", "group_size", group_size)
+    group_size = _pos("ring_allgather_bytes", "group_size", group_size)
     return round((group_size - 1) * output_bytes / group_size)
 
 
@@ -128,7 +129,7 @@ def tp_allreduces_per_micro_batch(layers: int, *, recompute: str = "none", embed
         >>> tp_allreduces_per_micro_batch(32), tp_allreduces_per_micro_batch(32, recompute="full")
         (130, 194)
     """
-    _pos("tp_allreduces_per_micro_batch", "layers", layers)
+    layers = _pos("tp_allreduces_per_micro_batch", "layers", layers)
     per_layer = 4 + (2 if recompute == "full" else 0)
     return per_layer * layers + (2 if embedding else 0)
 
@@ -318,7 +319,8 @@ class Hardware:
         n = group_size or fit.ranks
         if not n or n < 2:
             raise ValueError(f"Hardware.from_measurement: group_size={n!r}; fix: pass group_size (the ranks measured)")
-        if not (isinstance(peak_flops_per_device, (int, float)) and peak_flops_per_device > 0):
+        if not (isinstance(peak_flops_per_device, numbers.Real) and not isinstance(peak_flops_per_device, bool)
+                and peak_flops_per_device > 0):
             raise ValueError(f"Hardware.from_measurement: peak_flops_per_device={peak_flops_per_device!r}; "
                              "fix: pass a measured FLOP/s, e.g. mshelpers.metrics.peak_flops()")
         bus = fit.beta_bytes_per_s * _send_factor(fit.op, n)
@@ -432,7 +434,7 @@ def make_layout(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int = 1, *, 
     """
     s = seq_len or _cfg_int(cfg, "seq_len")
     validate_layout(cfg, dp, mp, pp, micro_batches, n_devices=dp * mp * pp, global_batch=global_batch)
-    _pos("make_layout", "virtual_stages", virtual_stages)
+    virtual_stages = _pos("make_layout", "virtual_stages", virtual_stages)
     _check_schedule("make_layout", pp, micro_batches, schedule, virtual_stages, interleaved_order)
     if schedule == "interleaved" and (pp == 1 or _cfg_int(cfg, "num_layers") % (pp * virtual_stages)):
         raise ValueError(f"make_layout: interleaved with pp={pp}, virtual_stages={virtual_stages} needs pp > 1 and "
@@ -486,10 +488,10 @@ def plan_parallel_layout(cfg: Any, n_devices: int, *, global_batch: int, seq_len
     then the least memory. Raises ValueError if no layout is valid.
     """
     fn = "plan_parallel_layout"
-    _pos(fn, "n_devices", n_devices)
-    _pos(fn, "global_batch", global_batch)
+    n_devices = _pos(fn, "n_devices", n_devices)
+    global_batch = _pos(fn, "global_batch", global_batch)
     if seq_len is not None:
-        _pos(fn, "seq_len", seq_len)
+        seq_len = _pos(fn, "seq_len", seq_len)
     if getattr(cfg, "replace", None) is None:
         raise ValueError(f"{fn}: cfg={type(cfg).__name__} is not a RunConfig; fix: pass RunConfig.preset(...)")
     if memory_budget_bytes is not None and not memory_budget_bytes > 0:
@@ -497,7 +499,7 @@ def plan_parallel_layout(cfg: Any, n_devices: int, *, global_batch: int, seq_len
     wanted = None if micro_batches is None else sorted(set(micro_batches))
     if wanted is not None:
         for m in wanted:
-            _pos(fn, "micro_batches", m)
+            m = _pos(fn, "micro_batches", m)
     out = []
     for mp in _divisors(n_devices):
         for pp in _divisors(n_devices // mp):
@@ -569,7 +571,7 @@ def measure_collectives(ranks: int = 2, sizes: Sequence[int] | None = None,
     the rows come back in the order asked (see the worker for why).
     """
     fn = "measure_collectives"
-    _pos(fn, "ranks", ranks)
+    ranks = _pos(fn, "ranks", ranks)
     if ranks < 2:
         raise ValueError(f"{fn}: ranks={ranks} measures nothing; fix: use ranks >= 2")
     sizes = list(DEFAULT_COLLECTIVE_SIZES if sizes is None else sizes)
@@ -581,7 +583,7 @@ def measure_collectives(ranks: int = 2, sizes: Sequence[int] | None = None,
     bad = [o for o in ops if o not in COLLECTIVES]
     if bad or not ops:
         raise ValueError(f"{fn}: ops={ops!r} has unknown {bad}; fix: choose from {COLLECTIVES}")
-    _pos(fn, "repeats", repeats)
+    repeats = _pos(fn, "repeats", repeats)
     if threads is None:
         import os
         threads = max(1, (os.cpu_count() or 1) // ranks)
@@ -715,7 +717,7 @@ def collective_time(op: str, nbytes: float, group_size: int, hardware: Hardware,
     """
     if op not in COLLECTIVES:
         raise ValueError(f"collective_time: op={op!r} is unknown; fix: use one of {COLLECTIVES}")
-    _pos("collective_time", "group_size", group_size)
+    group_size = _pos("collective_time", "group_size", group_size)
     if group_size == 1:
         return 0.0
     bw = hardware.inter_node_bytes_per_s if crosses_nodes else hardware.intra_node_bytes_per_s
@@ -804,9 +806,9 @@ def simulate_pipeline(pp: int, micro_batches: int, schedule: str = "1f1b", virtu
         ([8, 8, 8, 8], [4, 3, 2, 1])
     """
     fn = "simulate_pipeline"
-    _pos(fn, "pp", pp)
-    _pos(fn, "micro_batches", micro_batches)
-    _pos(fn, "virtual_stages", virtual_stages)
+    pp = _pos(fn, "pp", pp)
+    micro_batches = _pos(fn, "micro_batches", micro_batches)
+    virtual_stages = _pos(fn, "virtual_stages", virtual_stages)
     _check_schedule(fn, pp, micro_batches, schedule, virtual_stages, interleaved_order)
     m, v = micro_batches, virtual_stages
     orders = [_stage_order(pp, m, schedule, v, s, interleaved_order) for s in range(pp)]
@@ -871,9 +873,9 @@ def pipeline_in_flight(pp: int, micro_batches: int, schedule: str = "1f1b", virt
         [4.0, 3.5, 3.0, 2.5]
     """
     fn = "pipeline_in_flight"
-    _pos(fn, "pp", pp)
-    _pos(fn, "micro_batches", micro_batches)
-    _pos(fn, "virtual_stages", virtual_stages)
+    pp = _pos(fn, "pp", pp)
+    micro_batches = _pos(fn, "micro_batches", micro_batches)
+    virtual_stages = _pos(fn, "virtual_stages", virtual_stages)
     _check_schedule(fn, pp, micro_batches, schedule, virtual_stages, interleaved_order)
     m, v = micro_batches, virtual_stages
     if schedule == "gpipe":
@@ -898,7 +900,7 @@ def pipeline_activation_bytes(stage_bytes_per_micro_batch: float, pp: int, micro
         >>> pipeline_activation_bytes(100, 4, 8, "interleaved", 2)
         550
     """
-    if not (isinstance(stage_bytes_per_micro_batch, (int, float)) and stage_bytes_per_micro_batch >= 0):
+    if not (isinstance(stage_bytes_per_micro_batch, numbers.Real) and stage_bytes_per_micro_batch >= 0):
         raise ValueError(f"pipeline_activation_bytes: stage_bytes_per_micro_batch={stage_bytes_per_micro_batch!r}; "
                          "fix: pass the bytes one micro-batch leaves on one stage (>= 0)")
     held = pipeline_in_flight(pp, micro_batches, schedule, virtual_stages, interleaved_order=interleaved_order)
@@ -1193,13 +1195,20 @@ def _divisors(n: int) -> list[int]:
 
 
 def _pos(fn: str, name: str, v: Any) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise ValueError(f"{fn}: {name}={v!r} is invalid; fix: pass a positive integer")
-    return v
+    """A positive count from an int, a numpy integer or an integral float (4.0); else one ValueError."""
+    import numbers
+    if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v)) \
+            and float(v).is_integer() and int(v) > 0:
+        return int(v)
+    raise ValueError(f"{fn}: {name}={v!r} is invalid; fix: pass a positive integer"
+                     + (" (a count has no fraction)" if isinstance(v, float) and math.isfinite(v) else ""))
 
 
 def _cfg_int(cfg: Any, name: str) -> int:
     v = getattr(cfg, name, None)
+    import numbers
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0:
+        return int(v)
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         raise ValueError(f"cfg.{name}={v!r} is invalid; fix: pass a RunConfig (RunConfig.preset(...)) "
                          "with a positive integer there")

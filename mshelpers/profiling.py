@@ -512,7 +512,7 @@ def diagnose(breakdown: dict, *, threshold: float = 0.3) -> Diagnosis:
 
 def overhead_ratio(profiled_step_s: Sequence[float], plain_step_s: Sequence[float]) -> float:
     """Median profiled step time over median plain step time (1.0 = no overhead)."""
-    if not profiled_step_s or not plain_step_s:
+    if not len(profiled_step_s) or not len(plain_step_s):
         raise ValueError("overhead_ratio: both step-time lists must be non-empty; fix: time at least one "
                          "step with and one without the profiler")
     return statistics.median(profiled_step_s) / statistics.median(plain_step_s)

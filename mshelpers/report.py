@@ -19,6 +19,7 @@ import html
 import io
 import json
 import math
+import numbers
 import os
 import statistics
 from pathlib import Path
@@ -90,7 +91,7 @@ def check_mfu_claim(tokens_per_s: float, flops_per_token: float, n_devices: int,
     """
     for name, v in (("tokens_per_s", tokens_per_s), ("flops_per_token", flops_per_token),
                     ("claimed_mfu", claimed_mfu), ("peak_flops_per_device", peak_flops_per_device)):
-        if not isinstance(v, (int, float)) or not v > 0:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0:
             raise ValueError(f"check_mfu_claim: {name}={v!r} is invalid; fix: pass a positive number")
     if not 0 < claimed_mfu <= 1:
         raise ValueError(f"check_mfu_claim: claimed_mfu={claimed_mfu} is invalid; fix: pass a fraction, e.g. 0.14")
