@@ -5,9 +5,8 @@
 
 Each step is timed in two parts on every rank, both synchronised with `.asnumpy()`:
   compute_s  forward + backward of this rank's shard (a jitted `value_and_grad`): the rank's own work;
-  sync_s     gradient all-reduce (all gradients flattened into one `ops.AllReduce`, averaged) + AdamW
-             update: it ends when the slowest rank has sent its gradients, so a fast rank waits
-             here for a slow one.
+  sync_s     gradient all-reduce (`nn.DistributedGradReducer`, averaged) + AdamW update: it ends
+             when the slowest rank has sent its gradients, so a fast rank waits here for a slow one.
 step_s = compute_s + sync_s. In synchronous data parallelism every rank's step_s follows the
 slowest rank, so step_s alone cannot say which rank is slow; compute_s can.
 Two phases share one launch: "clean", then "slowed", where `--slow-rank` runs its forward and
@@ -32,8 +31,7 @@ def main() -> None:
     args = p.parse_args()
 
     import mindspore as ms
-    import numpy as np
-    from mindspore import ops
+    from mindspore import nn
     from mindspore.device_context.cpu.op_tuning import threads_num
     threads_num(args.threads)
     from mindspore.communication import get_group_size, get_rank, init
@@ -56,9 +54,7 @@ def main() -> None:
     opt = make_optimizer(net, cfg)
     params = opt.parameters
     grad_fn = ms.value_and_grad(net, None, params)
-    allreduce = ops.AllReduce()
-    sizes = [int(np.prod(p.shape)) for p in params]
-    shapes = [p.shape for p in params]
+    reducer = nn.DistributedGradReducer(params, mean=True)
 
     @ms.jit
     def compute(input_ids):
@@ -66,11 +62,8 @@ def main() -> None:
 
     @ms.jit
     def sync(grads):
-        # one all-reduce of all gradients flattened together (one collective per step, not one per tensor)
-        flat = allreduce(ops.cat([g.reshape(-1) for g in grads])) / world
-        parts = ops.split(flat, sizes)
-        opt(tuple(g.reshape(s) for g, s in zip(parts, shapes)))
-        return flat.sum()
+        opt(reducer(grads))
+        return grads[0].sum()
 
     batches = numpy_batches(cfg, num_shards=world, shard_id=rank)
     total = 2 * (args.steps + args.warmup)
