@@ -6,21 +6,29 @@ from mshelpers.profiling import straggler_table
 
 def test_table_values_and_straggler():
     t = straggler_table({0: [0.10, 0.11, 0.10, 0.12, 0.10, 0.10, 0.10, 0.10, 0.10, 0.30],
-                         1: [0.20, 0.21, 0.20, 0.20, 0.22, 0.20, 0.20, 0.20, 0.20, 0.20]})
+                         1: [0.20, 0.21, 0.19, 0.20, 0.22, 0.18, 0.20, 0.20, 0.20, 0.20]})
     r0, r1 = t["rows"]
     assert (r0["rank"], r0["steps"], r0["median_s"], r0["max_s"]) == (0, 10, 0.10, 0.30)
     assert r0["p90_s"] == 0.12            # nearest rank: the 9th of 10 sorted values
-    assert r1["median_s"] == 0.20 and r1["p90_s"] == 0.21
+    assert r0["iqr_s"] == pytest.approx(0.01)   # nearest-rank quartiles: 3rd (0.10) and 8th (0.11) of 10
+    assert r1["median_s"] == 0.20 and r1["p90_s"] == 0.21 and r1["iqr_s"] == pytest.approx(0.0)
     assert t["slowest"] == 1 and t["fastest"] == 0
     assert t["ratio"] == pytest.approx(2.0)
-    assert t["noise"] == pytest.approx(0.2)   # rank 0's tail: 0.12 / 0.10 - 1
+    assert t["noise"] == pytest.approx(0.1)   # rank 0: IQR 0.01 / median 0.10
     assert t["verdict"] == "straggler"
 
 
 def test_difference_inside_the_noise_is_balanced():
-    t = straggler_table({0: [1.0, 1.0, 1.3, 1.0], 1: [1.1, 1.1, 1.1, 1.1]})
-    # ratio 1.1, but rank 0's own p90 is 30 % above its median
-    assert t["ratio"] == pytest.approx(1.1) and t["verdict"] == "balanced"
+    t = straggler_table({0: [0.9, 1.0, 1.1, 1.2, 0.8], 1: [1.05] * 5})
+    # ratio 1.05, but rank 0's typical step wanders by 20 % (IQR 0.9..1.1 around a median of 1.0)
+    assert t["rows"][0]["iqr_s"] == pytest.approx(0.2)
+    assert t["ratio"] == pytest.approx(1.05) and t["noise"] == pytest.approx(0.2) and t["verdict"] == "balanced"
+
+
+def test_spikes_do_not_hide_a_straggler():
+    # a 5x spike on the fast rank (a busy neighbour) leaves its median and IQR alone
+    t = straggler_table({0: [1.0, 1.0, 5.0, 1.0, 1.0, 1.0, 1.0, 1.0], 1: [2.0] * 8})
+    assert t["verdict"] == "straggler" and t["slowest"] == 1 and t["noise"] == 0.02
 
 
 def test_floor_keeps_identical_times_from_flagging_tiny_gaps():
