@@ -105,7 +105,8 @@ def ms_side(steps: int, warmup: int, model: str = "lean", step: str = "cell", ji
         run = lambda: float(fn(x)[0].asnumpy())
     if log:   # the runner's per-step logger, as train() calls it
         from mshelpers.metrics import StepLogger
-        logger = StepLogger(build_dir("bench") / "logger_probe.csv", BATCH * SEQ, 6 * N_PARAMS, 1.8e11)
+        logger = StepLogger(build_dir("bench") / "logger_probe.csv", BATCH * SEQ, 6 * N_PARAMS, 1.8e11,
+                           overwrite=True)   # a probe file, rewritten each run
         plain, log_s = run, []
 
         def run():
