@@ -15,15 +15,8 @@ _os.environ.setdefault("LOCAL_DEFAULT_PATH", _os.path.join(
 _os.environ.setdefault("LOG_MF_PATH", _os.path.join(_os.environ["LOCAL_DEFAULT_PATH"], "log"))
 
 
-def _drop_mindformers_import_noise() -> None:
-    """mindformers 1.9 logs 'Import PyNative...ForCausalLM failed: No module named hyper_parallel' for models
-    this cookbook never uses (hyper_parallel is not on PyPI). Its logger is named 'mindformers' + LOG_MF_PATH;
-    a filter on that name drops exactly those lines and nothing else."""
-    import logging
-    name = "mindformers" + _os.path.expanduser(_os.environ["LOG_MF_PATH"])
-    logging.getLogger(name).addFilter(lambda record: "hyper_parallel" not in record.getMessage())
+from .model import quiet_mindformers as _quiet_mindformers   # noqa: E402  (light: no MindSpore at import)
 
-
-_drop_mindformers_import_noise()
+_quiet_mindformers(level=None)     # the import-noise filter only; log levels stay mindformers' own
 
 __version__ = "0.1.0"

@@ -30,6 +30,7 @@ def _sibling(module: str, *names: str) -> Any:
 HALF = {"float16", "bfloat16"}
 
 
+
 def precision_knobs(cfg: RunConfig, device: str = "CPU") -> dict[str, str]:
     """Map an AMP level to mindformers' own precision knobs.
 
@@ -56,8 +57,27 @@ def precision_knobs(cfg: RunConfig, device: str = "CPU") -> dict[str, str]:
                 rotary_dtype=rotary, param_init_type=param)
 
 
-def quiet_mindformers(level: int = logging.ERROR) -> None:
-    """Raise mindformers' console log level (it prints INFO lines for every model built)."""
+def _not_hyper_parallel(record: logging.LogRecord) -> bool:
+    return "hyper_parallel" not in record.getMessage()
+
+
+def quiet_mindformers(level: int | None = logging.ERROR) -> None:
+    """Quiet mindformers on the console, two ways.
+
+    1. Drop the lines mindformers 1.9 logs on import for models nobody asked for ('Import PyNative...ForCausalLM
+       failed: No module named hyper_parallel'; hyper_parallel is not on PyPI), and nothing else. Its logger is
+       named 'mindformers' + $LOG_MF_PATH, so set that variable before importing mindformers (mshelpers does on
+       import); without it this part is skipped.
+    2. Raise the existing mindformers loggers to `level` (it prints INFO lines for every model built);
+       `level=None` leaves levels alone.
+    """
+    import os
+    if os.environ.get("LOG_MF_PATH"):
+        lg = logging.getLogger("mindformers" + os.path.expanduser(os.environ["LOG_MF_PATH"]))
+        if _not_hyper_parallel not in lg.filters:
+            lg.addFilter(_not_hyper_parallel)
+    if level is None:
+        return
     for name, lg in list(logging.root.manager.loggerDict.items()):
         if name.startswith("mindformers") and isinstance(lg, logging.Logger):
             lg.setLevel(level)

@@ -76,16 +76,19 @@ def append_csv(row: dict, path: str | os.PathLike) -> Path:
     return path
 
 
+def parse_cell(v: str) -> Any:
+    """One CSV cell back to what was written: True/False, int, float, else the string."""
+    if v in ("True", "False"):
+        return v == "True"
+    for t in (int, float):
+        try:
+            return t(v)
+        except ValueError:
+            pass
+    return v
+
+
 def read_csv(path: str | os.PathLike) -> list[dict]:
     """Read a CSV written by `append_csv`/`StepLogger`, turning numeric strings back into numbers."""
-    def conv(v: str) -> Any:
-        if v in ("True", "False"):
-            return v == "True"
-        for t in (int, float):
-            try:
-                return t(v)
-            except ValueError:
-                pass
-        return v
     with Path(path).open(newline="") as f:
-        return [{k: conv(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        return [{k: parse_cell(v) for k, v in r.items()} for r in csv.DictReader(f)]

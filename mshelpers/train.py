@@ -216,6 +216,7 @@ class _MetricsCSV:
         """Keep rows with step <= `step`; return them parsed and a note on what was repaired or missing."""
         import csv
         import io
+        parse_cell = _sibling("table", "parse_cell")
         notes = []
         raw = self.path.read_bytes().decode("utf-8", errors="replace") if self.path.exists() else ""
         lines = raw.split("\n")
@@ -244,7 +245,7 @@ class _MetricsCSV:
                     csv.DictWriter(buf, fieldnames=self.columns, extrasaction="ignore", lineterminator="").writerow(r)
                     line = buf.getvalue()
                 kept_lines.append(line)
-                rows.append({k: _parse_cell(r.get(k, "")) for k in self.columns})
+                rows.append({k: parse_cell(r.get(k, "")) for k in self.columns})
         missing = sorted(set(range(1, step + 1)) - seen)
         if missing:
             notes.append(f"metrics.csv has no rows for {len(missing)} of steps 1..{step} (e.g. step {missing[0]}); "
@@ -264,17 +265,6 @@ class _MetricsCSV:
         if self._f is not None:
             self._f.close()
             self._f = None
-
-
-def _parse_cell(v: str) -> Any:
-    if v in ("True", "False"):
-        return v == "True"
-    for t in (int, float):
-        try:
-            return t(v)
-        except ValueError:
-            pass
-    return v
 
 
 def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callable[[dict], Any]] = (), *,

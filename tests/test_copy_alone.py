@@ -147,6 +147,13 @@ CALLS: dict[str, str] = {
         knobs = m.precision_knobs(SimpleNamespace(compute_dtype="float32", amp_level="O0"), "CPU")
         assert knobs["compute_dtype"] == "float32"
         m.quiet_mindformers()
+        import logging, os
+        os.environ["LOG_MF_PATH"] = "/tmp/mf-log"
+        m.quiet_mindformers(level=None)
+        lg = logging.getLogger("mindformers/tmp/mf-log")
+        assert not lg.filter(logging.makeLogRecord({"msg": "No module named hyper_parallel"}))
+        assert lg.filter(logging.makeLogRecord({"msg": "anything else"})) and len(lg.filters) == 1
+        m.quiet_mindformers(level=None); assert len(lg.filters) == 1
     """,
     "parallel": """
         assert m.pipeline_bubble_fraction(4, 8) == 3 / 11
@@ -218,6 +225,7 @@ CALLS: dict[str, str] = {
         assert "| 1.5 |" in m.markdown_table([{"a": np.float32(1.5)}])
         m.append_csv({"a": 1, "b": np.float64(2.5)}, "r.csv")
         assert m.read_csv("r.csv") == [{"a": 1, "b": 2.5}]
+        assert m.parse_cell("3") == 3 and m.parse_cell("2.5") == 2.5 and m.parse_cell("True") is True and m.parse_cell("x") == "x"
     """,
     "timing": """
         assert m.peak_rss_mb() > 0
