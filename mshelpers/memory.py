@@ -935,9 +935,15 @@ def measure_peak(fn: Callable, *args: Any, preload: tuple[str, ...] = (), quiet:
                       baseline_rss_bytes=out["baseline"], device_peak_bytes=device, wall_s=out["wall_s"])
 
 
-def _spawn_child(conn: Any, target: Callable, args: tuple) -> None:   # runs in the fresh process
+def _spawn_child(conn: Any, env: dict, payload: bytes) -> None:   # runs in the fresh process
+    import pickle
     import traceback
+    # The child's own environment is set here, before the payload is unpickled: unpickling `target`
+    # imports its module (which may import MindSpore), and MindSpore reads MS_* variables at import.
+    # Mutating the parent's os.environ around p.start() instead races when two threads spawn at once.
+    os.environ.update(env)
     try:
+        target, args = pickle.loads(payload)
         conn.send(("ok", target(*args)))
     except BaseException as e:  # noqa: BLE001 - forwarded to the parent
         conn.send(("err", f"{type(e).__name__}: {e}", traceback.format_exc()))
@@ -946,22 +952,18 @@ def _spawn_child(conn: Any, target: Callable, args: tuple) -> None:   # runs in 
 
 
 def _run_spawned(target: Callable, args: tuple, timeout: float, env: dict | None, fn: Callable) -> Any:
-    """target(*args) in a fresh spawned process (the few lines of timing.run_isolated this module needs)."""
+    """target(*args) in a fresh spawned process (the few lines of timing.run_isolated this module needs).
+
+    `env` is applied inside the child only; the parent's os.environ is never touched, so
+    concurrent calls from several threads (measure_peaks(parallel=2)) each get their own."""
     import multiprocessing as mp
+    import pickle
     name = getattr(fn, "__name__", repr(fn))
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    old = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update({k: str(v) for k, v in (env or {}).items()})
-    try:
-        p = ctx.Process(target=_spawn_child, args=(child, target, args))
-        p.start()
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    payload = pickle.dumps((target, args))
+    p = ctx.Process(target=_spawn_child, args=(child, {k: str(v) for k, v in (env or {}).items()}, payload))
+    p.start()
     child.close()
     if not parent.poll(timeout):
         p.kill()

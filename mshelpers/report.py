@@ -36,6 +36,112 @@ def _sibling(module: str, *names: str) -> Any:
 
 
 
+class ClaimFailed(AssertionError):
+    """A result sentence whose numbers say it is false. Raised by `claim`; it names the numbers."""
+
+
+def _fmt_number(v: Any) -> str:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return str(v)
+    v = float(v)
+    if math.isnan(v) or math.isinf(v):
+        return str(v)
+    if v == int(v) and abs(v) < 1e15:
+        return f"{int(v):,}"
+    return f"{v:.4g}" if abs(v) >= 1e-3 else f"{v:.3e}"
+
+
+def claim(sentence: str, holds: Any, **numbers_: Any) -> str:
+    """Print a result sentence with the numbers it rests on; raise ClaimFailed when `holds` is false.
+
+    A notebook states results only through this: when a rerun changes the numbers so that the
+    sentence is no longer true, the cell fails (and nbval with it) instead of printing it.
+    `sentence` may use `{name}` fields filled from the numbers (formatted to 4 significant digits).
+    A NaN anywhere among the numbers is never a success, whatever `holds` says.
+
+        >>> from mshelpers.report import claim
+        >>> claim("graph mode is {ratio}x faster than PyNative", 3.2 >= 2, ratio=3.2, floor=2)
+        ✓ graph mode is 3.2x faster than PyNative  [floor=2]
+        'graph mode is 3.2x faster than PyNative'
+        >>> claim("the loss fell", float("nan") < 6.9, first=6.9, last=float("nan"))
+        Traceback (most recent call last):
+        ...
+        mshelpers.report.ClaimFailed: FALSE: the loss fell  [first=6.9, last=nan]
+    """
+    if not isinstance(sentence, str) or not sentence.strip():
+        raise ValueError(f"claim: sentence={sentence!r} is invalid; fix: pass the result sentence as a str")
+    shown = {k: _fmt_number(v) for k, v in numbers_.items()}
+    try:
+        text = sentence.format(**shown)
+    except (KeyError, IndexError) as e:
+        raise ValueError(f"claim: sentence names {e} which is not among the numbers; "
+                         f"fix: pass it as a keyword, e.g. claim(..., {str(e).strip(chr(39))}=value)") from None
+    import string
+    used = {f for _, f, _, _ in string.Formatter().parse(sentence) if f}
+    nums = ", ".join(f"{k}={v}" for k, v in shown.items() if k not in used)   # the rest, for the record
+    tail = f"  [{nums}]" if nums else ""
+    has_nan = any(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isnan(float(v))
+                  for v in numbers_.values())
+    try:
+        ok = bool(holds)
+    except (ValueError, TypeError) as e:       # e.g. a numpy array: say which, do not guess
+        raise ValueError(f"claim: holds={holds!r} is not a truth value ({e}); fix: pass a bool, e.g. .all()") from None
+    if not ok or has_nan:
+        raise ClaimFailed(f"FALSE: {text}{tail}")
+    print(f"✓ {text}{tail}")
+    return text
+
+
+def claim_trained(name: str, losses: Sequence[float], floor: float | None = None) -> str:
+    """Claim that a run trained: every loss finite, and the last below the first (and above `floor`,
+    the entropy floor of the data, when given: a loss under the floor means a bug, not learning)."""
+    vals = [float(x) for x in losses]
+    if len(vals) < 2:
+        raise ValueError(f"claim_trained: {name} has {len(vals)} losses; fix: pass at least two steps' losses")
+    finite = all(math.isfinite(v) for v in vals)
+    holds = finite and vals[-1] < vals[0] and (floor is None or vals[-1] >= floor - 1e-6)
+    extra = {} if floor is None else {"floor": floor}
+    return claim(f"{name} trained: finite losses, from {{first}} to {{last}} in {{steps}} steps", holds,
+                 first=vals[0], last=vals[-1], steps=len(vals),
+                 nonfinite=sum(not math.isfinite(v) for v in vals), **extra)
+
+
+TIMING_SENTENCES = {"win": "{cand} is faster than {base}", "within noise": "{cand} and {base} are within the noise",
+                    "regression": "{cand} is slower than {base}"}
+
+
+def claim_timing(base_name: str, base: Sequence[float], cand_name: str, cand: Sequence[float], *,
+                 lower_is_better: bool = True, unit: str = "ms", expect: str | None = None,
+                 rel_floor: float = 0.02) -> str:
+    """A timing sentence chosen by the computed verdict, never typed: 'win', 'within noise' or 'regression'.
+
+    The verdict rule is timing.verdict's (inlined so this module copies alone): the difference of the
+    medians must exceed the larger round-to-round range and `rel_floor` of the baseline. `expect`
+    (e.g. "win" for graph mode against PyNative, where the margin is far beyond noise) turns the
+    sentence into an assertion: any other verdict raises ClaimFailed. Returns the verdict.
+
+        >>> claim_timing("O0", [100, 104, 102], "O1", [80, 82, 81], expect="win")
+        ✓ O1 is faster than O0: median 81 ms (80–82) against 102 ms (100–104), ratio 0.794  [verdict=win, expected=win]
+        'win'
+    """
+    if not base or not cand:
+        raise ValueError("claim_timing: base and cand need at least one value each; fix: run more rounds")
+    if expect not in (None, *TIMING_SENTENCES):
+        raise ValueError(f"claim_timing: expect={expect!r} is invalid; fix: use one of {list(TIMING_SENTENCES)}")
+    b, c = sorted(float(x) for x in base), sorted(float(x) for x in cand)
+    bm, cm = statistics.median(b), statistics.median(c)
+    noise = max(b[-1] - b[0], c[-1] - c[0], rel_floor * abs(bm))
+    delta = (bm - cm) if lower_is_better else (cm - bm)
+    verdict = "win" if delta > noise else "regression" if -delta > noise else "within noise"
+    f = lambda v: f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
+    text = (TIMING_SENTENCES[verdict].format(cand=cand_name, base=base_name) +
+            f": median {f(cm)} {unit} ({f(c[0])}–{f(c[-1])}) against {f(bm)} {unit} ({f(b[0])}–{f(b[-1])}), "
+            f"ratio {cm / bm:.3g}" if bm else TIMING_SENTENCES[verdict].format(cand=cand_name, base=base_name))
+    claim(text.replace("{", "{{").replace("}", "}}"), expect is None or verdict == expect, verdict=verdict,
+          **({} if expect is None else {"expected": expect}))
+    return verdict
+
+
 def aggregate(runs: dict[str, Sequence[dict]]) -> dict[str, dict[str, tuple[float, float, float]]]:
     """For each run name and numeric metric: (mean, min, max) over the seeds' summaries."""
     if not runs:

@@ -62,8 +62,15 @@ class IsolatedResult:
     peak_rss_mb: float  # the child's peak RSS
 
 
-def _child(conn, fn, args, kwargs) -> None:  # runs in the fresh process
+def _child(conn, env, payload) -> None:  # runs in the fresh process
+    import os
+    import pickle
+    # The child's own environment, set before the payload is unpickled: unpickling `fn` imports its
+    # module (which may import MindSpore, which reads MS_* variables at import). Changing the parent's
+    # os.environ around p.start() instead races when two threads spawn at once.
+    os.environ.update(env)
     try:
+        fn, args, kwargs = pickle.loads(payload)
         t0 = time.perf_counter()
         value = fn(*args, **kwargs)
         conn.send(("ok", value, time.perf_counter() - t0, peak_rss_mb()))
@@ -79,26 +86,19 @@ def run_isolated(fn: Callable, *args: Any, timeout: float = 900, env: dict | Non
 
     `fn` must be importable by name (defined in a module, not in a notebook cell), and
     its arguments and result must pickle. `env` adds environment variables for the
-    child only (e.g. the compile-cache switches). An exception in the child is re-raised
-    here as RuntimeError carrying the child's traceback.
+    child only (e.g. the compile-cache switches): they are set inside the child, so the
+    parent's os.environ is never touched and concurrent calls from threads do not mix.
+    An exception in the child is re-raised here as RuntimeError carrying the child's traceback.
     """
     if getattr(fn, "__module__", None) == "__main__":
         raise ValueError(f"run_isolated: fn={fn.__name__!r} is defined in __main__ (a notebook or script); "
                          "fix: move it into a module file and import it")
-    import os
+    import pickle
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    old = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update({k: str(v) for k, v in (env or {}).items()})
-    try:
-        p = ctx.Process(target=_child, args=(child, fn, args, kwargs))
-        p.start()
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    payload = pickle.dumps((fn, args, kwargs))
+    p = ctx.Process(target=_child, args=(child, {k: str(v) for k, v in (env or {}).items()}, payload))
+    p.start()
     child.close()
     if not parent.poll(timeout):
         p.kill()

@@ -257,5 +257,20 @@ def test_measure_peaks_keeps_order_in_parallel():
         memory.measure_peaks(memory.allocate_bytes, [(1,)], parallel=0)
 
 
+def test_concurrent_measure_peaks_each_child_sees_its_own_env():
+    # measure_peaks(parallel=2) spawns from two threads; each child must get its own env (notebook 06's
+    # graph runs lost MS_DEV_SAVE_GRAPHS this way), and the parent's os.environ must stay untouched.
+    import os
+    for _ in range(3):
+        rs = memory.measure_peaks(os.getenv, [("MSH_TEST_VAR",)], parallel=1, env={"MSH_TEST_VAR": "solo"})
+        assert rs[0].value == "solo"
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda v: measure_peak(os.getenv, "MSH_TEST_VAR", env={"MSH_TEST_VAR": v}).value,
+                                ["a", "b"]))
+        assert got == ["a", "b"]
+        assert "MSH_TEST_VAR" not in os.environ
+
+
 def test_doctests():
     assert doctest.testmod(memory).failed == 0

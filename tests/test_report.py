@@ -69,3 +69,61 @@ def test_figure_png_is_a_base64_png_at_110_dpi():
     width, height = struct.unpack(">II", raw[16:24])
     # 4 x 2 inches at 110 dpi, plus the tight bbox's 0.1-inch pad each side: 4.2 x 2.2 inches
     assert (width, height) == pytest.approx((462, 242), abs=3)
+
+
+# ---------------------------------------------------------------- claims
+from mshelpers.report import ClaimFailed, claim, claim_timing, claim_trained  # noqa: E402
+
+
+def test_claim_prints_the_sentence_with_its_numbers(capsys):
+    assert claim("graph mode is {r}x PyNative", 3.2 >= 2, r=3.2, floor=2) == "graph mode is 3.2x PyNative"
+    assert capsys.readouterr().out == "✓ graph mode is 3.2x PyNative  [floor=2]\n"
+
+
+def test_a_false_claim_raises_and_names_its_numbers(capsys):
+    with pytest.raises(ClaimFailed, match=r"FALSE: within tolerance  \[gap=0.03, tol=0.02\]"):
+        claim("within tolerance", 0.03 <= 0.02, gap=0.03, tol=0.02)
+    assert capsys.readouterr().out == ""             # nothing printed as if it held
+
+
+def test_a_nan_number_never_holds():
+    # the committed 04 printed "within tolerance" next to a NaN gap: `nan <= tol` is False, but
+    # `not nan > tol` is True, so a NaN among the numbers fails the claim whatever `holds` says
+    with pytest.raises(ClaimFailed, match="gap=nan"):
+        claim("within tolerance", True, gap=float("nan"), tol=0.02)
+
+
+def test_claim_bad_input():
+    with pytest.raises(ValueError, match="sentence names 'x'"):
+        claim("{x} faster", True)
+    with pytest.raises(ValueError, match="sentence=''"):
+        claim("", True)
+    import numpy as np
+    with pytest.raises(ValueError, match="not a truth value"):
+        claim("equal", np.array([True, False]))
+
+
+def test_claim_trained_needs_finite_falling_losses_above_the_floor():
+    claim_trained("run", [6.9, 5.0, 4.1], floor=3.0)
+    with pytest.raises(ClaimFailed, match="nonfinite=1"):
+        claim_trained("dp", [6.93, float("nan"), float("nan")][:2])
+    with pytest.raises(ClaimFailed):
+        claim_trained("flat", [6.9, 6.95])            # rose: did not train
+    with pytest.raises(ClaimFailed):
+        claim_trained("leak", [6.9, 2.0], floor=3.0)  # under the entropy floor: a bug, not learning
+    with pytest.raises(ValueError, match="at least two"):
+        claim_trained("one", [6.9])
+
+
+def test_claim_timing_the_verdict_chooses_the_sentence(capsys):
+    assert claim_timing("O0", [100, 104, 102], "O1", [80, 82, 81]) == "win"
+    assert "O1 is faster than O0" in capsys.readouterr().out
+    assert claim_timing("O0", [100, 110, 105], "O1", [101, 108, 104]) == "within noise"   # 1 ms < 10 ms range
+    assert "within the noise" in capsys.readouterr().out
+    assert claim_timing("O0", [100, 101, 100], "O1", [120, 121, 122]) == "regression"
+    assert "O1 is slower than O0" in capsys.readouterr().out
+    assert claim_timing("a", [10, 11], "b", [20, 21], lower_is_better=False) == "win"     # throughput
+    with pytest.raises(ClaimFailed, match="verdict=within noise, expected=win"):
+        claim_timing("O0", [100, 110, 105], "O1", [101, 108, 104], expect="win")
+    with pytest.raises(ValueError, match="expect='faster'"):
+        claim_timing("a", [1], "b", [1], expect="faster")
