@@ -10,8 +10,10 @@ Example:
 
 MFU (model FLOPs utilisation, PaLM appendix B) counts only the FLOPs the model needs,
 never recomputation, so recompute lowers MFU even though the hardware works as hard.
-Use a measured or looked-up peak per device: a hard-coded A100 figure on other
-hardware is how MFU above 100% gets reported.
+The denominator is the hardware's peak (`hardware_peak_flops()`: the theoretical peak on a CPU,
+the datasheet on an accelerator), as PaLM defines it, so figures compare with published ones; the
+measured MatMul peak (`peak_flops()`) is shown beside it as "share of achievable". A hard-coded
+A100 figure on other hardware is how MFU above 100% gets reported.
 """
 from __future__ import annotations
 
@@ -160,6 +162,83 @@ def theoretical_peak_flops(verbose: bool = True, fma_units: int = 2) -> float:
     return value
 
 
+def max_clock_mhz() -> tuple[float | None, str]:
+    """The highest clock this CPU reports, and where it was read: cpufreq's cpuinfo_max_freq when the
+    kernel exposes it, else the largest 'cpu MHz' in /proc/cpuinfo (a VM shows its nominal clock there)."""
+    try:
+        khz = float(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text())
+        if khz > 0:
+            return khz / 1e3, "cpufreq cpuinfo_max_freq"
+    except (OSError, ValueError):
+        pass
+    best = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("cpu MHz"):
+                    v = float(line.partition(":")[2])
+                    best = v if best is None else max(best, v)
+    except (OSError, ValueError):
+        pass
+    return best, "/proc/cpuinfo cpu MHz"
+
+
+def hardware_peak_flops(dtype: str = "float32", *, device: str | None = None, verbose: bool = False,
+                        fma_units: int = 2) -> float:
+    """THE MFU denominator (PaLM's definition): the hardware's peak, not what a benchmark reached.
+
+    On CPU: cores x the maximum clock the CPU reports x FLOP/cycle (`theoretical_peak_flops`'s
+    assumptions, printed with verbose=True). If the cached measured MatMul peak (`peak_flops()`) is
+    higher, the clock assumption was low (turbo), and the measured figure is used, so MFU <= 1 by
+    construction. On Ascend/GPU: the datasheet figure of DATASHEET_PEAK_FLOPS for `device` (a key
+    of that table) at `dtype`. The measured peak stays beside it as "share of achievable"
+    (`share_of_achievable`).
+    """
+    if device is not None and device != "CPU":
+        if device not in DATASHEET_PEAK_FLOPS:
+            raise ValueError(f"hardware_peak_flops: device={device!r} is unknown; fix: use CPU or one of "
+                             f"{list(DATASHEET_PEAK_FLOPS)}")
+        v = DATASHEET_PEAK_FLOPS[device].get(dtype)
+        if not v:
+            raise ValueError(f"hardware_peak_flops: {device} has no {dtype} figure; fix: use one of "
+                             f"{[k for k, x in DATASHEET_PEAK_FLOPS[device].items() if isinstance(x, float)]}")
+        if verbose:
+            print(f"MFU denominator: {device} datasheet {dtype} peak {v / 1e12:.1f} TFLOP/s "
+                  f"({DATASHEET_PEAK_FLOPS[device]['source']})")
+        return float(v)
+    if dtype != "float32":
+        raise ValueError(f"hardware_peak_flops: dtype={dtype!r} on CPU is not modelled; fix: use float32")
+    info = cpu_info()
+    mhz, where = max_clock_mhz()
+    if not mhz:
+        raise ValueError("hardware_peak_flops: the CPU reports no clock; fix: pass device= with a datasheet entry")
+    flags = info["flags"]
+    lanes, isa = (16, "AVX-512") if "avx512f" in flags else (8, "AVX2+FMA") if "fma" in flags else (4, "SSE")
+    per_cycle = lanes * 2 * fma_units
+    theory = info["threads"] * mhz * 1e6 * per_cycle
+    rec = peak_flops_record(dtype)
+    measured = float(rec["flops"]) if rec and isinstance(rec.get("flops"), (int, float)) else None
+    value = max(theory, measured or 0.0)
+    if verbose:
+        print(f"MFU denominator (hardware peak): {info['threads']} cores x {mhz / 1e3:.2f} GHz ({where}) x "
+              f"{per_cycle} FLOP/cycle ({isa}: {lanes} fp32 lanes x 2 for FMA x {fma_units} FMA units) = "
+              f"{theory / 1e9:.0f} GFLOP/s")
+        print("  assumes: each logical CPU is a full core (no SMT sharing), that clock holds under "
+              f"{isa}, {fma_units} FMA units per core")
+        if measured and measured > theory:
+            print(f"  the measured MatMul peak {measured / 1e9:.0f} GFLOP/s is higher (turbo): it is used instead")
+    return value
+
+
+def share_of_achievable(tokens_per_s: float, flops_per_token: float, n_devices: int = 1,
+                        measured_peak_flops: float | None = None) -> float:
+    """Achieved model FLOP/s over the measured MatMul peak (`peak_flops()`, cached): how much of what
+    this machine's kernels actually reach. Shown beside MFU, never instead of it."""
+    peak = measured_peak_flops if measured_peak_flops is not None else peak_flops()
+    return float(tokens_per_s) * float(flops_per_token) / (_count("share_of_achievable", "n_devices", n_devices)
+                                                           * float(peak))
+
+
 def _peak_cache_path() -> Path:
     """MSHELPERS_PEAK_CACHE, else <MSHELPERS_BUILD>/peak_flops.json, else <repo>/build/, else ./build/."""
     if os.environ.get("MSHELPERS_PEAK_CACHE"):
@@ -218,7 +297,9 @@ def _measure_matmul_chain(m: int, k: int, n: int, repeats: int, dtype: str) -> f
 
 def peak_flops(refresh: bool = False, *, dtype: str = "float32", repeats: int = 5,
                shapes: tuple[tuple[int, int, int], ...] = PEAK_SHAPES, verbose: bool = False) -> float:
-    """This machine's achievable dense peak FLOP/s: THE denominator of every MFU in the cookbook.
+    """This machine's achievable dense peak FLOP/s: the "share of achievable" denominator.
+
+    Not the MFU denominator: MFU divides by `hardware_peak_flops()` (PaLM's definition).
 
     Measured once per machine the way the model's kernels run (compiled float32 MatMuls over the mini
     model's projection shapes and a large square, best of `repeats`, all threads), then cached in

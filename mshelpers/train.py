@@ -277,8 +277,8 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
     callbacks: callables receiving each step's row (dict) after it is logged.
     csv_path: where the per-step CSV goes (default build/runs/<name>-<mode>-s<seed>.csv). Rows are appended
         and flushed one per step; a resume keeps the rows up to the checkpoint untouched.
-    peak_flops: the device's peak FLOP/s for MFU (default: metrics.peak_flops(), measured once per machine
-        and cached, so every run and notebook shares one denominator).
+    peak_flops: the device's peak FLOP/s for MFU (default: metrics.hardware_peak_flops(), the theoretical
+        peak on a CPU, so every run and notebook shares one denominator, PaLM's).
     net: an already built model (default: build_model(cfg)).
     ckpt_dir, ckpt_every, keep: a checkpoint every `ckpt_every` steps and at the last step; the newest
         `keep` intact ones are kept. A checkpoint becomes visible only once the next step's loss with its
@@ -293,8 +293,8 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
         with the loss pinned at ln(vocab_size) (0 disables).
     """
     build_dir = _sibling("config", "build_dir")
-    COLUMNS, StepLogger, flops_per_token, measured_peak_flops = _sibling(
-        "metrics", "COLUMNS", "StepLogger", "flops_per_token", "peak_flops")
+    COLUMNS, StepLogger, flops_per_token, hardware_peak_flops = _sibling(
+        "metrics", "COLUMNS", "StepLogger", "flops_per_token", "hardware_peak_flops")
     steps = cfg.steps if steps is None else steps
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"train: steps={steps!r} is invalid; fix: pass a positive integer")
@@ -336,7 +336,7 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
     net = net if net is not None else build_model(cfg, device)
     n_params = count_params(net)
     fpt = flops_per_token(n_params, cfg.num_layers, cfg.hidden_size, cfg.seq_len)
-    peak = peak_flops or measured_peak_flops()
+    peak = peak_flops or hardware_peak_flops()   # PaLM MFU: the hardware peak, not a benchmark's
     optimizer = make_optimizer(net, cfg)
     step_fn = make_train_step(net, optimizer, cfg)
     floor = entropy_floor(cfg.vocab_size) if cfg.data == "markov" else None

@@ -115,3 +115,28 @@ def test_counts_and_rates_accept_any_integral_number():
         flops_per_token("7e9", 1, 1, 1)
     with pytest.raises(ValueError, match="n_devices=1.5"):
         mfu(1, 1, 1.5, 1)
+
+
+def test_hardware_peak_is_cores_times_max_clock_times_flop_per_cycle(tmp_path, monkeypatch, capsys):
+    import json
+    from mshelpers.metrics import _peak_key, cpu_info, hardware_peak_flops, max_clock_mhz, share_of_achievable
+    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(tmp_path / "peak.json"))   # no measured peak yet
+    info, (mhz, _) = cpu_info(), max_clock_mhz()
+    lanes = 16 if "avx512f" in info["flags"] else 8 if "fma" in info["flags"] else 4
+    want = info["threads"] * mhz * 1e6 * lanes * 2 * 2          # cores x clock x lanes x FMA(2) x 2 units
+    assert hardware_peak_flops(verbose=True) == pytest.approx(want)
+    out = capsys.readouterr().out
+    assert "MFU denominator (hardware peak)" in out and "assumes" in out
+    # a measured MatMul peak above the theory (turbo) replaces it, so MFU <= 1 by construction
+    (tmp_path / "peak.json").write_text(json.dumps({_peak_key("float32")[2]: {"flops": want * 1.5}}))
+    assert hardware_peak_flops() == pytest.approx(want * 1.5)
+    (tmp_path / "peak.json").write_text(json.dumps({_peak_key("float32")[2]: {"flops": want * 0.7}}))
+    assert hardware_peak_flops() == pytest.approx(want)
+    # share of achievable: the same achieved FLOP/s over the measured peak
+    assert share_of_achievable(1000, want * 0.7 / 2000) == pytest.approx(0.5)
+    # accelerators: the datasheet figure; bad names get one line with the fix
+    assert hardware_peak_flops("bfloat16", device="NVIDIA A100 SXM") == 312e12
+    with pytest.raises(ValueError, match="device='TPU' is unknown"):
+        hardware_peak_flops(device="TPU")
+    with pytest.raises(ValueError, match="has no float32 figure"):
+        hardware_peak_flops("float32", device="Ascend 910B")
