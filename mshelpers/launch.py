@@ -363,8 +363,9 @@ def _progress_bar(progress: Any) -> tuple[Any, bool]:
     if progress is None or progress is False:
         return None, False
     if progress is True:
-        from tqdm.auto import tqdm
-        return tqdm(total=None, desc="msrun rank 0"), True
+        import sys
+        from tqdm.std import tqdm   # a text bar: it renders in nbconvert and JupyterLab, and never freezes as a widget
+        return tqdm(total=None, desc="msrun rank 0", file=sys.stdout, mininterval=0.5), True
     return progress, False
 
 

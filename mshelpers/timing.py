@@ -176,8 +176,8 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
     metrics = metrics or {"median_step_s": False, "tokens_per_s": True, "peak_rss_mb": False}
     order_all = [(r, names[(i + r) % len(names)]) for r in range(rounds) for i in range(len(names))]
     try:
-        from tqdm.auto import tqdm
-        it = tqdm(order_all, desc="interleaved runs", disable=not progress, leave=False)
+        from tqdm.std import tqdm   # a text bar: renders in nbconvert and JupyterLab, no widget state to go stale
+        it = tqdm(order_all, desc="interleaved runs", disable=not progress, file=sys.stdout, mininterval=0.5)
     except ImportError:
         it = order_all
     runs = []

@@ -326,7 +326,7 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
 
     import mindspore as ms
     import numpy as np
-    from tqdm.auto import tqdm
+    from tqdm.std import tqdm   # a text bar: renders in nbconvert and JupyterLab, no widget left frozen at 0 %
 
     entropy_floor, numpy_batches = _sibling("data", "entropy_floor", "numpy_batches")
     setup = _sibling("device", "setup")
@@ -374,7 +374,8 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
     params = [p for p in net.get_parameters()]
     ln_vocab, flat = math.log(cfg.vocab_size), 0
     pending, pending_guard = None, None
-    bar = tqdm(total=steps - start + 1, desc=f"{cfg.name} {cfg.mode}", disable=not progress, leave=False)
+    bar = tqdm(total=steps - start + 1, desc=f"{cfg.name} {cfg.mode}", disable=not progress, file=sys.stdout,
+               mininterval=0.5)
 
     def commit_pending() -> None:
         nonlocal pending, pending_guard, last_ckpt
