@@ -122,26 +122,85 @@ def text_tokens(path: str | os.PathLike) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
 
 
+BLOCK_TOKENS = 200_000      # the synthetic corpus grows in blocks of this many tokens (the committed file: one)
+MAX_BLOCKS = 10             # at most 2M synthetic tokens (~8 s to generate here); longer runs cycle through them
+
+
+def _block_windows(cfg) -> int:
+    return BLOCK_TOKENS // (cfg.seq_len + 1)
+
+
 def windows(cfg, n_windows: int | None = None) -> np.ndarray:
     """Non-overlapping training windows of seq_len+1 tokens, shape (n, seq_len+1), int32.
 
-    Window order is shuffled once with cfg.seed, so runs with different seeds see
-    different orders of the same corpus.
+    The order does not depend on `cfg.steps`: the same seed gives the same first N windows whatever
+    the run length, so extending a run continues the same stream.
+    - The synthetic corpus grows in whole blocks of BLOCK_TOKENS // (seq_len+1) windows, as many as
+      the run needs (up to MAX_BLOCKS; a longer run cycles through them). Each block is shuffled on
+      its own: block 0 with cfg.seed, block b with (cfg.seed, b). A longer run only appends blocks.
+    - A text file's windows are shuffled once with cfg.seed.
+    Runs with different seeds see different orders of the same corpus.
     """
     L = cfg.seq_len + 1
     need = n_windows or cfg.steps * cfg.batch_size * cfg.grad_accum
     if cfg.data == "markov":
-        toks = corpus_tokens(cfg.vocab_size, max(200_000, need * L))
-    else:
-        toks = text_tokens(cfg.data)
-        if cfg.vocab_size < 256:
-            raise ValueError(f"RunConfig.vocab_size={cfg.vocab_size} is too small for byte tokens; fix: use >= 256")
+        per = _block_windows(cfg)
+        if per < 1:
+            raise ValueError(f"RunConfig.seq_len={cfg.seq_len} is longer than a corpus block of {BLOCK_TOKENS} "
+                             "tokens; fix: use a shorter seq_len")
+        blocks = min(MAX_BLOCKS, max(1, -(-need // per)))
+        toks = corpus_tokens(cfg.vocab_size, blocks * per * L)
+        w = toks[: blocks * per * L].reshape(blocks * per, L)
+        order = [np.random.default_rng(cfg.seed if b == 0 else [cfg.seed, b]).permutation(per) + b * per
+                 for b in range(blocks)]
+        return w[np.concatenate(order)]
+    toks = text_tokens(cfg.data)
+    if cfg.vocab_size < 256:
+        raise ValueError(f"RunConfig.vocab_size={cfg.vocab_size} is too small for byte tokens; fix: use >= 256")
     n = len(toks) // L
     if n < 1:
         raise ValueError(f"RunConfig.data={cfg.data!r} holds {len(toks)} tokens, fewer than seq_len+1={L}; "
                          "fix: use a longer file or a shorter seq_len")
     w = toks[: n * L].reshape(n, L)
     return w[np.random.default_rng(cfg.seed).permutation(n)]
+
+
+def n_windows_available(cfg) -> int:
+    """How many windows the data can hold at most (without building them): a text file's size // (seq_len+1),
+    or the synthetic corpus at its largest."""
+    L = cfg.seq_len + 1
+    if cfg.data == "markov":
+        return MAX_BLOCKS * _block_windows(cfg)
+    return os.path.getsize(cfg.data) // L
+
+
+def check_fits(cfg) -> None:
+    """Refuse a batch larger than the data can fill (it would be cut short silently, every step the same
+    rows): one ValueError naming the field, the value and the fix. Reads only the file's size."""
+    per_step = cfg.batch_size * cfg.grad_accum
+    have = n_windows_available(cfg)
+    if per_step > have:
+        accum = f" x grad_accum {cfg.grad_accum}" if cfg.grad_accum != 1 else ""
+        raise ValueError(f"RunConfig.batch_size={cfg.batch_size}{accum} needs {per_step} sequences per step, but "
+                         f"data={cfg.data!r} holds {have} of seq_len+1={cfg.seq_len + 1} tokens; "
+                         f"fix: batch_size <= {have // cfg.grad_accum}, a shorter seq_len, or more data")
+
+
+def data_id(cfg) -> str:
+    """What the data is, for a run's identity: the synthetic corpus by its generator parameters, a text file
+    by its size and the SHA-256 of its bytes. A file replaced under the same path gets another id."""
+    if cfg.data == "markov":
+        src = MarkovSource(vocab_size=cfg.vocab_size)
+        return (f"markov vocab {src.vocab_size} branching {src.branching} zipf {src.zipf} seed {src.seed} "
+                f"blocks of {BLOCK_TOKENS} tokens")
+    import hashlib
+    h = hashlib.sha256()
+    size = 0
+    with open(cfg.data, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return f"file of {size} bytes sha256 {h.hexdigest()[:16]}"
 
 
 def _check_shards(fn: str, cfg, num_shards: int, shard_id: int) -> None:
@@ -156,6 +215,7 @@ def _check_shards(fn: str, cfg, num_shards: int, shard_id: int) -> None:
 def numpy_batches(cfg, num_shards: int = 1, shard_id: int = 0) -> Iterator[np.ndarray]:
     """Endless iterator of (batch_size/num_shards, seq_len+1) int32 batches for one rank."""
     _check_shards("numpy_batches", cfg, num_shards, shard_id)
+    check_fits(cfg)
     w = windows(cfg)[shard_id::num_shards]
     per_rank = cfg.batch_size // num_shards
     i = 0

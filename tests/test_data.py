@@ -168,11 +168,51 @@ def test_generated_corpus_for_other_vocab_sizes_is_the_seeded_chain():
     assert toks.dtype == np.int32 and toks.max() < 64
 
 
-def test_windows_grow_the_corpus_to_what_the_run_needs():
-    # 8 steps x batch 4 x accum 200 = 6400 windows of 33 tokens: 211,200 tokens, more than the committed 200,000
+def test_windows_grow_the_corpus_in_whole_blocks_as_the_run_needs():
+    # 8 steps x batch 4 x accum 200 = 6400 windows of 33 tokens: more than one block of 200,000 // 33 = 6060
+    # windows (the committed corpus), so the corpus grows by a whole second block: 12,120 windows. (Before
+    # issue 26 it grew to exactly 6400 and reshuffled them all, so the order depended on the run length.)
     cfg = RunConfig.preset("tiny").replace(vocab_size=1024, steps=8, batch_size=4, grad_accum=200)
-    assert len(windows(cfg)) == 6400
-    assert len(windows(cfg.replace(grad_accum=1))) == 200_000 // 33                   # the corpus floor
+    assert len(windows(cfg)) == 2 * 6060
+    assert len(windows(cfg.replace(grad_accum=1))) == 200_000 // 33                   # the corpus floor: one block
+
+
+def test_data_order_does_not_depend_on_the_run_length():
+    """Issue 26 F4: the same seed gives the same first N batches whatever `steps` is, so extending a run
+    continues the same stream. mini needs 8 x 129 tokens a step: 100 steps fit one 200,000-token block,
+    200 steps need a second one; before the fix the two runs shared none of their first 105 batches."""
+    mini = RunConfig.preset("mini")
+    short, long_ = numpy_batches(mini.replace(steps=100)), numpy_batches(mini.replace(steps=200))
+    a = np.stack([next(short) for _ in range(100)])
+    b = np.stack([next(long_) for _ in range(200)])
+    np.testing.assert_array_equal(a, b[:100])
+    assert len({r.tobytes() for r in b.reshape(-1, mini.seq_len + 1)}) == 200 * 8   # no window twice in 200
+    # one block's order is the seeded permutation of its windows, exactly as before the fix
+    w = windows(mini.replace(steps=100))
+    toks = corpus_tokens(1024, (200_000 // 129) * 129)
+    np.testing.assert_array_equal(w, toks.reshape(-1, 129)[np.random.default_rng(0).permutation(200_000 // 129)])
+
+
+def test_a_batch_larger_than_the_data_is_refused(tmp_path):
+    """Issue 26 F11: 1000 sequences per step from a file holding 606 is one ValueError, not a silent cut."""
+    from mshelpers.data import check_fits, data_id
+    p = tmp_path / "t.txt"
+    p.write_bytes(b"x" * (606 * 33 + 5))                  # 606 windows of seq_len+1 = 33, plus 5 spare bytes
+    cfg = RunConfig.preset("tiny").replace(data=str(p), vocab_size=256, batch_size=1000)
+    with pytest.raises(ValueError) as e:
+        next(numpy_batches(cfg))
+    assert str(e.value) == (f"RunConfig.batch_size=1000 needs 1000 sequences per step, but data={str(p)!r} holds "
+                            "606 of seq_len+1=33 tokens; fix: batch_size <= 606, a shorter seq_len, or more data")
+    check_fits(cfg.replace(batch_size=606))               # exactly full: fine
+    with pytest.raises(ValueError, match="batch_size=4 x grad_accum 200 needs 800 sequences"):
+        check_fits(cfg.replace(batch_size=4, grad_accum=200))
+    with pytest.raises(ValueError, match="holds 60600 of seq_len"):   # the synthetic corpus has a size too
+        check_fits(cfg.replace(data="markov", batch_size=60601))
+    # the data's identity: size and content for a file, generator parameters for the synthetic corpus
+    before = data_id(cfg)
+    p.write_bytes(b"y" * (606 * 33 + 5))                  # same size, other bytes
+    assert before.startswith(f"file of {606 * 33 + 5} bytes sha256 ") and data_id(cfg) != before
+    assert data_id(cfg.replace(data="markov")) != data_id(cfg.replace(data="markov", vocab_size=1024))
 
 
 def test_windows_need_one_full_window(tmp_path):
@@ -197,5 +237,6 @@ def test_batches_at_an_exact_fit_and_no_ragged_last_batch(tmp_path):
         np.testing.assert_array_equal(next(it), w[rows])
     d = make_dataset(cfg.replace(batch_size=8, data="markov", vocab_size=1024, seq_len=32))
     assert d.get_dataset_size() == (200_000 // 33) // 8        # 6060 windows: 757 batches, the last 4 dropped
+    # 7000 windows need two blocks of 6060: the corpus grows by whole blocks (issue 26), 12,120 windows
     assert make_dataset(cfg.replace(data="markov", vocab_size=1024, seq_len=32),
-                        n_windows=7000).get_dataset_size() == 7000 // 4
+                        n_windows=7000).get_dataset_size() == 12120 // 4
