@@ -189,9 +189,17 @@ def activation_stats(net: Any, *inputs: Any) -> list[dict]:
     "finite": False if any floating output holds inf or NaN, "inputs_finite": False if any
     floating input already did}.
 
-    Example:
+    Example (an input of 1e38 through all-ones weights: the first Dense sums four of them to inf):
+        >>> import numpy as np, mindspore as ms
+        >>> from mindspore import nn
+        >>> net = nn.SequentialCell(nn.Dense(4, 4, weight_init="ones"), nn.ReLU(),
+        ...                         nn.Dense(4, 1, weight_init="ones"))
+        >>> x = ms.Tensor(np.full((2, 4), 1e38, np.float32))
         >>> rows = activation_stats(net, x)
+        >>> [(r["cell"], r["type"], r["finite"], r["inputs_finite"]) for r in rows]
+        [('0', 'Dense', False, True), ('1', 'ReLU', False, False), ('2', 'Dense', False, False), ('', 'SequentialCell', False, True)]
         >>> [r["cell"] for r in rows if not r["finite"]][:1]
+        ['0']
     """
     _check_net_and_inputs("activation_stats", net, inputs)
     names = {id(c): n for n, c in net.cells_and_names()}
@@ -267,9 +275,18 @@ def find_first_nonfinite(net: Any, *inputs: Any, grads: bool = False) -> str | N
     (or a tensor to differentiate) and the result is a `NonfiniteReport(cell, param, note)`; with
     a non-finite forward, `param` is None and `note` says the forward must be fixed first.
 
-    Example:
-        >>> find_first_nonfinite(net, input_ids)                 # e.g. 'model.layers.2.feed_forward.w2'
-        >>> find_first_nonfinite(net, input_ids, grads=True)     # NonfiniteReport(cell=..., param=...)
+    Example (on mindformers' LlamaForCausalLM the name reads e.g. 'model.layers.2.feed_forward.w2'):
+        >>> import numpy as np, mindspore as ms
+        >>> from mindspore import nn
+        >>> net = nn.SequentialCell(nn.Dense(4, 4, weight_init="ones"), nn.ReLU(),
+        ...                         nn.Dense(4, 1, weight_init="ones"))
+        >>> big = ms.Tensor(np.full((2, 4), 1e38, np.float32))     # 4 x 1e38 overflows float32
+        >>> find_first_nonfinite(net, big)
+        '0'
+        >>> find_first_nonfinite(net, big, grads=True).note
+        "the forward pass is already non-finite at '0': every gradient depends on it, so no parameter is named; fix the forward first"
+        >>> find_first_nonfinite(net, ms.Tensor(np.ones((2, 4), np.float32)), grads=True)
+        NonfiniteReport(cell=None, param=None, note=None)
     """
     _check_net_and_inputs("find_first_nonfinite", net, inputs)
     if not isinstance(grads, bool):
@@ -311,9 +328,13 @@ def dtype_report(net: Any, *inputs: Any) -> DtypeReport:
     Parameters are read directly. Activations need one forward pass, so pass the inputs
     (`dtype_report(net, x)`); without inputs only parameter dtypes are reported.
 
-    Example:
-        >>> dtype_report(net, x).summary()
-        {'param dtypes': 'float32 100%', 'activation dtypes': 'float16 80%, float32 20%'}
+    Example (the last Dense computes in float16, its float32 weights cast on the fly):
+        >>> import numpy as np, mindspore as ms
+        >>> from mindspore import nn
+        >>> net = nn.SequentialCell(nn.Dense(4, 4), nn.ReLU(), nn.Dense(4, 1))
+        >>> _ = net[2].to_float(ms.float16)
+        >>> dtype_report(net, ms.Tensor(np.ones((2, 4), np.float32))).summary()
+        {'param dtypes': 'float32 100%', 'activation dtypes': 'float32 67%, float16 33%'}
     """
     from mindspore import nn
 
@@ -354,10 +375,19 @@ def make_scaled_train_step(loss_net: Any, optimizer: Any, *, init_scale: float =
     Returns `step(*inputs) -> ScaledStepResult(loss, finite, scale, grad_norm)` as Python numbers;
     `scale` is the value after this step's adjustment. `step.scaler` is the scaler.
 
-    Example:
-        >>> step = make_scaled_train_step(net, nn.AdamWeightDecay(net.trainable_params(), 1e-3),
+    Example (a zero-initialised Dense fitting y = 1; an inf input makes one step overflow):
+        >>> import numpy as np, mindspore as ms
+        >>> from mindspore import nn
+        >>> net = nn.WithLossCell(nn.Dense(4, 1, weight_init="zeros", bias_init="zeros"), nn.MSELoss())
+        >>> step = make_scaled_train_step(net, nn.SGD(net.trainable_params(), 0.1),
         ...                               init_scale=2**16, scale_window=50)
-        >>> r = step(input_ids); r.loss, r.finite, r.scale
+        >>> x, y = ms.Tensor(np.ones((2, 4), np.float32)), ms.Tensor(np.ones((2, 1), np.float32))
+        >>> r = step(x, y); r.loss, r.finite, r.scale
+        (1.0, True, 65536.0)
+        >>> r = step(x * np.inf, y); r.finite, r.scale          # update skipped, scale halved
+        (False, 32768.0)
+        >>> r = step(x, y); round(r.loss, 4), r.finite           # the first step's update is intact
+        (0.0, True)
     """
     import mindspore as ms
     from mindspore import nn, ops
@@ -455,9 +485,13 @@ def amp_level_run(level: str, preset: str = "mini", steps: int = 4, seed: int = 
     Meant for `mshelpers.timing.run_isolated`, which adds the process's peak RSS: each level
     in a fresh process, so memory and compile caches do not leak between levels.
 
-    Example:
-        >>> r = run_isolated(amp_level_run, "O2", steps=4)
-        >>> r.value["median step (ms)"], r.peak_rss_mb
+    Example (the level is checked before any MindSpore work):
+        >>> from mshelpers.timing import run_isolated
+        >>> amp_level_run("O4")
+        Traceback (most recent call last):
+        ValueError: amp_level_run: level='O4' is invalid; fix: use one of ('O0', 'O1', 'O2', 'O3')
+        >>> r = run_isolated(amp_level_run, "O2", steps=4)  # spawns a process that compiles and trains mini  # doctest: +SKIP
+        >>> r.value["median step (ms)"], r.peak_rss_mb      # needs r from the skipped line above  # doctest: +SKIP
     """
     AMP_LEVELS, RunConfig, build_dir = _sibling("config", "AMP_LEVELS", "RunConfig", "build_dir")
 

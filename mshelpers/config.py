@@ -3,7 +3,11 @@
 Example:
     >>> from mshelpers.config import RunConfig
     >>> cfg = RunConfig.preset("mini").replace(steps=20, mode="graph")
-    >>> cfg.validate()
+    >>> cfg.validate() is cfg          # returns the config itself, so calls chain
+    True
+    >>> cfg.replace(amp_level="O4").validate()
+    Traceback (most recent call last):
+    ValueError: RunConfig.amp_level='O4' is invalid: use one of ('O0', 'O1', 'O2', 'O3')
     >>> RunConfig.from_yaml(cfg.to_yaml()) == cfg
     True
 

@@ -10,6 +10,7 @@ Example:
     ...     device.require("Ascend")
     ... except device.DeviceUnavailable as e:
     ...     print("skipped:", e)
+    skipped: this cell needs Ascend, but this machine runs on CPU: MindSpore's Ascend plugin found no usable ...
 
 Ascend-only notebook cells call `require("Ascend")`, catch `DeviceUnavailable`
 and print its reason; the CPU path next to them does the real work.

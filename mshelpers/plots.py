@@ -1,8 +1,12 @@
 """Three pictures the cookbook draws again and again (matplotlib only).
 
-Example:
+Example (two made-up runs; a real one passes e.g. `{"pynative": hist_a.rows, "graph": hist_b.rows}`):
     >>> from mshelpers.plots import plot_loss
-    >>> ax = plot_loss({"pynative": hist_a.rows, "graph": hist_b.rows}, floor=1.71)
+    >>> run_a = [{"step": s, "loss": 3.0 - 0.10 * s} for s in range(10)]
+    >>> run_b = [{"step": s, "loss": 3.0 - 0.12 * s} for s in range(10)]
+    >>> ax = plot_loss({"pynative": run_a, "graph": run_b}, floor=1.71)
+    >>> ax.get_legend_handles_labels()[1]
+    ['pynative', 'graph', 'entropy floor 1.710']
 
 Inputs are per-step rows (dicts with "step", "loss", "tokens_per_s", "mfu"), as logged
 by `metrics.StepLogger` or read back with `table.read_csv`.

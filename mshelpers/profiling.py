@@ -4,13 +4,23 @@ The profiler slows every step it records, so it should see a few steps, not a wh
 `profile_steps` runs `skip_first + wait + warmup + active` steps under
 `mindspore.profiler.profile(schedule=schedule(...))` and only the `active` ones are recorded.
 
-Example:
+Example (a one-layer net, so its ops take microseconds and the framework the rest of each step):
+    >>> import tempfile, numpy as np, mindspore as ms
+    >>> from mindspore import nn
     >>> from mshelpers.profiling import profile_steps, op_type_table, step_breakdown, diagnose
-    >>> run = profile_steps(lambda: train_step(x, y), wait=1, warmup=1, active=3,
-    ...                     output_dir="build/profile/demo")
-    >>> op_type_table(run.profile_dir)[:3]           # op types by total time
-    >>> parts = step_breakdown(run)                  # compute / communication / data / host shares
-    >>> print(diagnose(parts))                       # bottleneck class + the rule and numbers used
+    >>> net = nn.Dense(8, 1)
+    >>> train_step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.01))
+    >>> x, y = ms.Tensor(np.ones((4, 8), np.float32)), ms.Tensor(np.zeros((4, 1), np.float32))
+    >>> run = profile_steps(lambda: train_step(x, y).asnumpy(), wait=1, warmup=1, active=3,
+    ...                     output_dir=tempfile.mkdtemp())   # e.g. mshelpers.config.build_dir("profile", "demo")
+    >>> len(run.step_times_s), run.active_steps
+    (5, [2, 3, 4])
+    >>> table = op_type_table(run.profile_dir)           # op types by total time, largest first
+    >>> sorted(table[0]), round(sum(r["share"] for r in table), 6)
+    (['avg_ms', 'core', 'count', 'op_type', 'share', 'total_ms'], 1.0)
+    >>> parts = step_breakdown(run)                      # compute / communication / data / host shares
+    >>> diagnose(parts).bottleneck                       # print(diagnose(parts)) adds the rule and numbers
+    'launch/host-bound'
 
 Files read (MindSpore 2.9):
 - CPU: `<run>_ascend_ms/FRAMEWORK/cpu_op_type_info_*.csv`, `cpu_op_detail_info_*.csv`
@@ -89,10 +99,13 @@ def profile_steps(step_fn: Callable[..., Any], *, wait: int = 1, warmup: int = 1
     `experimental_config` (a `mindspore.profiler._ExperimentalConfig`, e.g. profiler_level and
     aic_metrics on Ascend) is passed through.
 
-    Example:
-        >>> run = profile_steps(lambda: step(x, y).asnumpy(), active=3, output_dir="build/profile/mlp")
-        >>> run.trace_path.exists()
-        True
+    Example (a forward pass stands in for the training step):
+        >>> import tempfile, numpy as np, mindspore as ms
+        >>> from mindspore import nn
+        >>> step, x = nn.Dense(8, 8), ms.Tensor(np.ones((4, 8), np.float32))
+        >>> run = profile_steps(lambda: step(x).asnumpy(), active=3, output_dir=tempfile.mkdtemp())
+        >>> run.trace_path.exists(), len(run.active_step_times_s)
+        (True, 3)
     """
     if not callable(step_fn):
         raise ValueError(f"profile_steps: step_fn={step_fn!r} is not callable; fix: pass a function "

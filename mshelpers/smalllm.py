@@ -1,9 +1,13 @@
 """A small hand-written LLaMA-style language model (no attention) for mixed-precision experiments.
 
 Example:
+    >>> import numpy as np, mindspore as ms
     >>> from mshelpers.smalllm import SmallLM, WithNextTokenLoss
-    >>> net = WithNextTokenLoss(SmallLM(init_std=0.02))
+    >>> net = WithNextTokenLoss(SmallLM(init_std=0.02))        # vocab 1024
+    >>> input_ids = ms.Tensor(np.random.default_rng(0).integers(0, 1024, (2, 17)), ms.int32)
     >>> loss = net(input_ids)          # input_ids: int32 (batch, T+1), like mindformers' LlamaForCausalLM
+    >>> loss.shape, abs(float(loss) - np.log(1024)) < 0.5   # untrained: about ln(vocab) nats per token
+    ((), True)
 
 Why a module and not notebook cells: `ms.amp.auto_mixed_precision(..., "O1")` rewrites a network
 from its class source, which `inspect` cannot read for classes typed into a notebook.

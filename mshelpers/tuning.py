@@ -5,12 +5,20 @@ on the target chip, keeps the fastest in a "custom knowledge bank", and the next
 reads that bank. `autotune` is the same loop for knobs you can time on any machine: try each
 candidate, time it `repeats` times, keep the best, save it as JSON, load it on the next run.
 
-Example:
-    >>> from mshelpers.tuning import autotune, load_best, aoe_command, mindir_roundtrip
+Example (`measure_fn` here is a cost model, seq_len**2 * batch_size; `TrainStepTimer(cfg)` times real
+training steps instead, see its docstring):
+    >>> import os, tempfile
+    >>> from mshelpers.tuning import autotune, load_best, aoe_command
+    >>> bank = os.path.join(tempfile.mkdtemp(), "bucket.json")   # e.g. build/tuning/bucket.json
     >>> result = autotune([{"seq_len": 128, "batch_size": 8}, {"seq_len": 64, "batch_size": 16}],
-    ...                   measure_fn=TrainStepTimer(cfg), repeats=3, save_to="build/tuning/bucket.json")
+    ...                   measure_fn=lambda c: 1e-6 * c["seq_len"] ** 2 * c["batch_size"],
+    ...                   repeats=3, save_to=bank, progress=False)
     >>> result.best                         # the fastest candidate
-    >>> load_best("build/tuning/bucket.json")  # ... in the next run
+    {'seq_len': 64, 'batch_size': 16}
+    >>> [(r["label"], r["vs_best"]) for r in result.rows]
+    [('seq_len=64, batch_size=16', 1.0), ('seq_len=128, batch_size=8', 2.0)]
+    >>> load_best(bank)                     # ... in the next run
+    {'seq_len': 64, 'batch_size': 16}
     >>> aoe_command("build/mini.air", job_type=2, output_dir="build/aoe")
     ['aoe', '--model=build/mini.air', '--framework=1', '--job_type=2', '--output=build/aoe/mini_aoe']
 
@@ -320,8 +328,13 @@ class TrainStepTimer:
     per candidate and kept, so repeats time only steady steps.
 
     Example:
+        >>> from mshelpers.config import RunConfig
+        >>> from mshelpers.tuning import TrainStepTimer, autotune
         >>> timer = TrainStepTimer(RunConfig.preset("mini").replace(mode="graph"), steps=2)
-        >>> autotune([{"seq_len": 128, "batch_size": 8}, {"seq_len": 64, "batch_size": 16}], timer)
+        >>> [timer.config_for(c).tokens_per_step for c in ({"seq_len": 128, "batch_size": 8},
+        ...                                                {"seq_len": 64, "batch_size": 16})]
+        [1024, 1024]
+        >>> autotune([{"seq_len": 128, "batch_size": 8}, {"seq_len": 64, "batch_size": 16}], timer)  # builds and compiles one model per candidate (15 s even for the tiny preset)  # doctest: +SKIP
     """
 
     def __init__(self, base: Any, steps: int = 2, warmup: int = 1) -> None:
