@@ -253,10 +253,12 @@ def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Se
     if baseline is not None and baseline not in candidates:
         raise ValueError(f"autotune: baseline={baseline!r} is not among the candidates; fix: include it")
 
-    from tqdm.auto import tqdm
+    import sys
+    from tqdm.std import tqdm   # a text bar: renders in nbconvert and JupyterLab, no widget state to go stale
     samples: list[list[float]] = [[] for _ in candidates]
     done = [False] * len(candidates)
-    bar = tqdm(total=len(candidates) * repeats, desc="autotune", disable=not progress, leave=False)
+    bar = tqdm(total=len(candidates) * repeats, desc="autotune", disable=not progress, file=sys.stdout,
+               mininterval=0.5)
     for _ in range(repeats):
         for i, cfg in enumerate(candidates):
             if done[i]:
