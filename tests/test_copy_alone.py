@@ -28,7 +28,7 @@ PKG = Path(__file__).resolve().parents[1] / "mshelpers"
 MODULES = sorted(p.stem for p in PKG.glob("*.py") if p.stem != "__init__")
 
 # Modules that must not import MindSpore until a function needs it.
-NO_MINDSPORE_AT_IMPORT = ("metrics", "memory", "timing", "table", "config", "checkpoint", "parallel",
+NO_MINDSPORE_AT_IMPORT = ("metrics", "memory", "doctor", "timing", "table", "config", "checkpoint", "parallel",
                           "profiling", "report", "plots")
 
 # A user's own config: a frozen dataclass with the fields the planners read, no RunConfig.
@@ -100,6 +100,20 @@ CALLS: dict[str, str] = {
         open("s.py", "w").write("print(1)")
         assert "msrun" in m.msrun_command("s.py", workers=2)
         assert m.free_port() > 0
+    """,
+    "doctor": """
+        import yaml
+        c = m.read_config(yaml.safe_load(MF_YAML))
+        assert c.devices == 8 and c.budget_bytes == 58 * 2**30 and m.param_count(c) > 6e9
+        st = m.step_time(c, m.hardware("atlas-800t-a2"))
+        assert st["step_s"] > 0 and 0 < st["mfu_6n"] < 1 and m.legacy_dict(c)["model"]["model_config"]["intermediate_size"]
+        assert m.changed_keys({"a": {"b": 1}}, {"a": {"b": 2}}) == {"a.b": (1, 2)}
+        assert m.calibration_summary([{"role": "check", "error": 0.1, "fits": True}])["median_abs_error"] == 0.1
+        try:
+            m.read_config({"a": 1})
+        except m.DoctorError as e:
+            assert e.field == "model.model_config" and "fix:" in str(e)
+        assert "mindspore" not in sys.modules
     """,
     "memory": """
         import numpy as np
@@ -252,6 +266,8 @@ NOT_PLAIN: dict[str, set[str]] = {
     "compiling": {"capture_compile_error"},
     "data": {"make_dataset"},
     "launch": {"MsrunError", "RankResult", "MsrunResult", "msrun"},
+    "doctor": {"DoctorError", "DoctorHardware", "Calibration", "Config", "load_with_mindformers", "write_outputs",
+               "summary_json", "render_text", "fit_calibration", "guide_13b_steps"},   # take files, results or mindformers
     "memory": set(),
     "metrics": {"peak_flops"},      # measuring (refresh) needs MindSpore; the cached read is called above
     "model": {"llama_config", "build_model", "count_params"},
@@ -276,6 +292,16 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("amp", "amp_level_run"): (_TRAIN_CHAIN, ""),
     ("compiling", "first_steps"): (("config", "data", "device", "model"), ""),
     ("compiling", "fusion_steps"): (("config", "data", "device", "model"), ""),
+    ("doctor", "hardware"): (("metrics",), "assert m.hardware('cpu').peak('float32') > 1e9"),
+    ("doctor", "memory_per_stage"): (("memory",), """
+        d = {"model": {"model_config": dict(hidden_size=256, num_layers=4, num_heads=4, vocab_size=1024,
+                                            seq_length=128)}, "context": {"max_device_memory": "1GB"}}
+        assert m.memory_per_stage(m.read_config(d))["fits"] is True"""),
+    ("doctor", "better_layouts"): (("memory",), ""),
+    ("doctor", "calibration_table"): (("memory",), ""),
+    ("doctor", "guide_13b_ranking"): (("memory",), ""),
+    ("doctor", "diagnose"): (("memory",), ""),
+    ("doctor", "main"): (("memory",), ""),
     ("memory", "train_for_peak"): (_TRAIN_CHAIN, ""),
     ("model", "llama_config"): (("device",), ""),
     ("parallel", "communication_bytes"): (("memory",), "assert m.communication_bytes(Cfg(), 2, 1, 1, global_batch=8)['dp'] > 0"),

@@ -1,0 +1,171 @@
+"""The config doctor (mshelpers.doctor): calibration on two published points, error on the others, the
+13B tuning case in the guide's order, the CLI's --json line, one-line errors with exit code 2, and the
+improved YAML loaded back by mindformers' own classes."""
+import copy
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mshelpers import doctor as D
+
+DATA = Path(__file__).parent / "data" / "mindformers"
+Y7, Y13, Y70 = (DATA / f"r1.2.0_pretrain_llama2_{n}.yaml" for n in ("7b", "13b", "70b"))
+
+
+@pytest.fixture(scope="module")
+def table():
+    return D.calibration_table(str(DATA))
+
+
+def test_the_stored_calibration_is_what_the_two_fit_points_give():
+    fit = D.fit_calibration(str(DATA))
+    assert fit.fitted_on == D.FIT_POINTS == tuple(p["file"] for p in D.PUBLISHED if p["role"] == "fit")
+    assert abs(fit.compute_efficiency - D.CALIBRATION.compute_efficiency) < 1e-3
+    assert abs(fit.comm_time_factor - D.CALIBRATION.comm_time_factor) < 1e-3
+
+
+def test_error_on_published_figures_not_used_for_fitting(table):
+    assert len(table) == len(D.PUBLISHED)
+    checked = [r for r in table if r["role"] == "check"]
+    assert len(checked) >= 15 and not {r["config"] for r in checked} & set(D.FIT_POINTS)
+    errs = [abs(r["predicted"] / r["published"] - 1) for r in checked]      # from the data, not the stored field
+    assert statistics.median(errs) <= 0.15, sorted(errs)
+    assert max(errs) <= 0.35, max(zip(errs, [r["config"] for r in checked]))
+    for r in (r for r in table if r["role"] == "fit"):                     # the fit reproduces its own points
+        assert abs(r["predicted"] / r["published"] - 1) < 0.01
+    s = D.calibration_summary(table)
+    assert s["median_abs_error"] == pytest.approx(statistics.median(errs), abs=5e-3)   # predicted is rounded
+
+
+def test_every_published_config_is_said_to_fit(table):
+    assert all(r["fits"] for r in table), [r["config"] for r in table if not r["fits"]]
+
+
+def test_step_terms_add_up_and_give_tokens_and_mfu():
+    cfg = D.read_config(Y70)
+    st = D.step_time(cfg, D.hardware("atlas-800t-a2"))
+    terms = ("compute_s", "tp_s", "p2p_s", "bubble_s", "dp_s", "optimizer_s")
+    assert sum(st[k] for k in terms) == pytest.approx(st["step_s"])
+    assert all(st[k] > 0 for k in ("compute_s", "tp_s", "p2p_s", "bubble_s"))    # mp 4, pp 8, dp 2
+    assert cfg.global_batch == 1 * 2 * 128 and cfg.devices == 64
+    assert st["tokens_per_s_per_device"] == pytest.approx(cfg.global_batch * 4096 / (st["step_s"] * 64))
+    assert st["mfu_6n"] < st["mfu_attention"]
+    full = D.step_time(D.read_config(Y13), D.hardware("atlas-800t-a2"))      # full recompute: hardware > model
+    assert full["mfu_hardware"] > full["mfu_attention"] > full["mfu_6n"] and full["recompute_factor"] > 1.25
+    assert st["peak_flops"] == 376e12                     # float16 at the 376T datasheet figure
+    bf = D.step_time(D.read_config(DATA / "r1.3.0_pretrain_llama2_7b_bf16.yaml"), D.hardware("atlas-800t-a2"))
+    assert bf["peak_flops"] == 353.9e12
+
+
+def test_recompute_costs_time_and_select_lists_count_their_matmuls():
+    hw = D.hardware("atlas-800t-a2")
+    base = D.read_config(Y13)                             # full recompute
+    none = D._with(base, recompute=False, select_recompute=False)
+    silu = D._with(base, recompute=False, select_recompute=True)
+    fine = D._with(base, recompute=False, select_recompute=[r"feed_forward\.w1\.matmul", r"attention\.flash"])
+    t = {k: D.step_time(c, hw)["compute_s"] for k, c in (("full", base), ("none", none), ("silu", silu), ("fine", fine))}
+    assert t["none"] == t["silu"] < t["fine"] < t["full"]
+
+
+def test_guide_13b_steps_come_out_in_the_guides_order():
+    rows = D.guide_13b_ranking(Y13)
+    assert [r["published"] for r in rows] == sorted(r["published"] for r in rows)     # the guide's order
+    pred = [r["predicted"] for r in rows]
+    assert pred == sorted(pred) and len(set(pred)) == len(pred), rows
+    assert all(r["fits"] for r in rows)
+
+
+def test_1_9_layout_is_read():
+    cfg = D.read_config(DATA / "master_pretrain_qwen3_32b_4k.yaml")
+    assert cfg.layout_name == "1.9" and cfg.layers == 64 and cfg.kv_heads == 8 and cfg.head_dim == 128
+    assert cfg.stage_layers == (15, 15, 17, 17) and cfg.ffn == 25600
+
+
+def _cli(args, capsys):
+    code = D.main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_last_line(capsys):
+    code, out, _ = _cli([Y7, "--json", "--no-search"], capsys)
+    assert code == 0
+    obj = json.loads(out.strip().splitlines()[-1])
+    for k in ("tokens_per_s_per_device", "step_s", "mfu", "memory_per_device_bytes", "budget_bytes", "fits",
+              "layout", "hardware"):
+        assert k in obj, k
+    assert obj["fits"] is True and obj["budget_bytes"] == 58 * 2**30
+    assert obj["layout"]["data_parallel"] == 8
+    assert abs(obj["tokens_per_s_per_device"] / 4820 - 1) < 0.01
+
+
+def _broken(tmp_path, edit):
+    d = yaml.safe_load(Y13.read_text())
+    edit(d)
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def _set(path, value):
+    def edit(d):
+        node = d
+        *parents, last = path.split(".")
+        for k in parents:
+            node = node[k]
+        if value is KeyError:
+            del node[last]
+        else:
+            node[last] = value
+    return edit
+
+
+BAD = {
+    "not a mindformers config": (lambda d: d.clear() or d.update(a=1), [], "model.model_config"),
+    "missing key": (_set("model.model_config.hidden_size", KeyError), [], "model.model_config.hidden_size"),
+    "mp does not divide heads": (_set("parallel_config.model_parallel", 3), [], "parallel_config.model_parallel"),
+    "pp does not divide layers": (_set("parallel_config.pipeline_stage", 3), [], "parallel_config.pipeline_stage"),
+    "layout does not divide devices": (lambda d: None, ["--devices", "12"], "parallel_config"),
+    "unknown hardware": (lambda d: None, ["--hardware", "h100"], "--hardware"),
+    "unparsable budget in YAML": (_set("context.max_device_memory", "lots"), [], "context.max_device_memory"),
+    "unparsable --budget": (lambda d: None, ["--budget", "58 gigs"], "--budget"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_gets_one_line_and_exit_2(case, tmp_path, capsys):
+    edit, args, field = BAD[case]
+    code, out, err = _cli([_broken(tmp_path, edit), *args], capsys)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"doctor: error: {field}=") and "fix:" in lines[0], err
+
+
+def test_13b_on_8_cards_without_recompute_does_not_fit_and_the_advice_does(tmp_path, capsys):
+    p = _broken(tmp_path, _set("recompute_config.recompute", False))
+    code, out, _ = _cli([p, "--json", "--out", tmp_path / "out"], capsys)
+    obj = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and obj["fits"] is False and obj["memory_per_device_bytes"] > obj["budget_bytes"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.splitlines()[2].startswith("**DOES NOT FIT")          # the report opens with the verdict
+    assert "<table" in (tmp_path / "out" / "report.html").read_text()
+    fixed = D.diagnose(str(tmp_path / "out" / "improved.yaml"), search=False)
+    assert fixed["fits"] is True
+    old, new = yaml.safe_load(p.read_text()), yaml.safe_load((tmp_path / "out" / "improved.yaml").read_text())
+    changed = D.changed_keys(old, new)
+    assert changed and all(k.split(".")[0] in ("parallel_config", "runner_config", "recompute_config", "parallel",
+                                               "model") for k in changed)
+
+
+def test_improved_yaml_loads_in_mindformers_classes(tmp_path, capsys):
+    p = _broken(tmp_path, _set("recompute_config.recompute", False))
+    r = D.diagnose(str(p))
+    paths = D.write_outputs(r, str(tmp_path / "out"), str(p))
+    got = D.load_with_mindformers(paths["yaml"])
+    best = r["layouts"][0]["config"]
+    assert got["parallel_config"].data_parallel == best.dp and got["parallel_config"].model_parallel == best.mp
+    assert got["parallel_config"].pipeline_stage == best.pp
+    assert got["model_config"].num_layers == 40 and got["config"].runner_config.batch_size == best.batch
