@@ -424,8 +424,12 @@ def estimate_step_time(cfg: Any, layout: Layout, hardware: Hardware, *, global_b
 def make_layout(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int = 1, *, global_batch: int,
                 seq_len: int | None = None, zero_stage: int = 0, sequence_parallel: bool = False,
                 memory_budget_bytes: float | None = None, hardware: Hardware | None = None,
-                schedule: str = "1f1b", virtual_stages: int = 1, interleaved_order: str = "standard") -> Layout:
+                schedule: str = "1f1b", virtual_stages: int = 1, interleaved_order: str = "standard",
+                flash_attention: bool = False) -> Layout:
     """Cost one layout (validated first). `plan_parallel_layout` calls this for every candidate.
+
+    `flash_attention` prices activations as the model will run (no s² attention scores stored): pass the
+    `use_flash_attention` of the YAML the layout becomes (`mindformers_yaml` defaults it to True).
 
     With pp > 1, `schedule` (and `virtual_stages`, `interleaved_order` for "interleaved") sets
     the bubble, (p-1)/(v·m+p-1), and the first stage's activation memory: `mshelpers.memory.estimate`
@@ -444,7 +448,7 @@ def make_layout(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int = 1, *, 
     run = cfg.replace(batch_size=global_batch, seq_len=s, dp=1, mp=1, pp=1, micro_batches=1)
     ns = SimpleNamespace(dp=dp, mp=mp, pp=pp, micro_batches=micro_batches)
     est = memory.estimate(run, n_devices=dp * mp * pp, layout=ns, zero_stage=zero_stage,
-                          sequence_parallel=sequence_parallel)
+                          sequence_parallel=sequence_parallel, flash_attention=flash_attention)
     extra = 0                                     # the schedule's in-flight count against estimate's 1F1B
     if pp > 1 and (schedule, virtual_stages) != ("1f1b", 1):
         held = pipeline_in_flight(pp, micro_batches, schedule, virtual_stages,
@@ -473,12 +477,12 @@ def plan_parallel_layout(cfg: Any, n_devices: int, *, global_batch: int, seq_len
                          zero_stage: int = 0, sequence_parallel: bool = False,
                          memory_budget_bytes: float | None = None, hardware: Hardware | None = None,
                          schedule: str = "1f1b", virtual_stages: int = 1,
-                         interleaved_order: str = "standard") -> list[Layout]:
+                         interleaved_order: str = "standard", flash_attention: bool = False) -> list[Layout]:
     """Every valid (dp, mp, pp, micro_batches) on `n_devices`, costed and sorted best first.
 
     `schedule`/`virtual_stages`/`interleaved_order` apply to the layouts with pp > 1 (see
     `make_layout`); with "interleaved", pp values that pp·virtual_stages does not fit in the
-    layers are skipped, and layouts with pp = 1 keep the plain costs.
+    layers are skipped, and layouts with pp = 1 keep the plain costs. `flash_attention`: as in `make_layout`.
 
     `micro_batches` restricts the micro-batch counts tried (default: every count up to
     `max_micro_batches` that divides the per-dp batch; with pp = 1 it is gradient
@@ -518,7 +522,8 @@ def plan_parallel_layout(cfg: Any, n_devices: int, *, global_batch: int, seq_len
                     continue
                 out.append(make_layout(cfg, dp, mp, pp, m, global_batch=global_batch, seq_len=seq_len,
                                        zero_stage=zero_stage, sequence_parallel=sequence_parallel,
-                                       memory_budget_bytes=memory_budget_bytes, hardware=hardware, **sched))
+                                       memory_budget_bytes=memory_budget_bytes, hardware=hardware,
+                                       flash_attention=flash_attention, **sched))
     if not out:
         raise ValueError(f"{fn}: no valid layout for n_devices={n_devices}, global_batch={global_batch} with "
                          f"num_heads={cfg.num_heads}, ffn_hidden_size={cfg.ffn_hidden_size}, "
@@ -911,7 +916,8 @@ def pipeline_activation_bytes(stage_bytes_per_micro_batch: float, pp: int, micro
 
 def stage_activation_bytes(cfg: Any, layout: Any, schedule: str = "1f1b", virtual_stages: int = 1, *,
                            seq_len: int | None = None, stage: int = 0, sequence_parallel: bool = False,
-                           interleaved_order: str = "standard", bytes_per_value: int | None = None) -> dict:
+                           interleaved_order: str = "standard", bytes_per_value: int | None = None,
+                           flash_attention: bool = False) -> dict:
     """A layout's peak activation memory on one pipeline stage under a schedule (first stage by default).
 
     Per layer: `mshelpers.memory.activation_bytes_per_layer` for the layout's micro-batch
@@ -931,7 +937,8 @@ def stage_activation_bytes(cfg: Any, layout: Any, schedule: str = "1f1b", virtua
                          f"{layout.pp}*{virtual_stages}; fix: choose virtual_stages dividing {layers // layout.pp}")
     per_layer = activation_bytes_per_layer(s, b, _cfg_int(cfg, "hidden_size"), _cfg_int(cfg, "num_heads"),
                                            tp=layout.mp, sequence_parallel=sequence_parallel,
-                                           recompute=getattr(cfg, "recompute", "none"), bytes_per_value=bpv)
+                                           recompute=getattr(cfg, "recompute", "none"), bytes_per_value=bpv,
+                                           flash_attention=flash_attention)
     per_mb = per_layer * (layers // layout.pp)
     held = pipeline_in_flight(layout.pp, layout.micro_batches, schedule, virtual_stages,
                               interleaved_order=interleaved_order)[stage]
@@ -1159,9 +1166,11 @@ def auto_parallel_context(layout: Layout, zero_stage: int = 1) -> dict:
     """Keyword arguments for the legacy `mindspore.set_auto_parallel_context` under semi_auto_parallel.
 
     MindSpore 2.9's docstring says this function will be removed; `auto_parallel_plan` gives the same
-    settings for `mindspore.parallel.auto_parallel.AutoParallel`, the primary form.
+    settings for `mindspore.parallel.auto_parallel.AutoParallel`, the primary form. `gradients_mean` is
+    False, as in `mindformers_yaml`'s `parallel` section and mindformers' published llama2 configs
+    (full_batch=True: the loss is already the global batch's mean, so the gradient all-reduce sums).
     """
-    ctx = {"parallel_mode": "semi_auto_parallel", "device_num": layout.n_devices, "gradients_mean": True,
+    ctx = {"parallel_mode": "semi_auto_parallel", "device_num": layout.n_devices, "gradients_mean": False,
            "full_batch": True, "enable_parallel_optimizer": zero_stage >= 1}
     if zero_stage >= 1:
         ctx["parallel_optimizer_config"] = {"optimizer_level": f"level{zero_stage}"}

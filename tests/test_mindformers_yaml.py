@@ -45,3 +45,23 @@ def test_a_wrong_key_is_refused_by_mindformers(section, key, tmp_path):
     spec[section][key] = "NoSuchOptimizer" if key == "type" else 1
     with pytest.raises((ValueError, TypeError, KeyError)):
         P.validate_mindformers_yaml(spec, tmp_path / "t.yaml")
+
+
+def test_the_yaml_and_the_legacy_context_agree_on_gradients_mean():
+    """Notebook 05 printed gradients_mean True in the context beside false in the YAML it emitted."""
+    lay = P.find_layout(PLANS, 8, 4, 1)
+    spec = P.mindformers_yaml(CFG, lay, seq_len=4096)
+    assert P.auto_parallel_context(lay)["gradients_mean"] is spec["parallel"]["gradients_mean"] is False
+
+
+def test_the_planner_prices_flash_attention_when_asked():
+    """The emitted YAML sets use_flash_attention: True; pricing it without flash keeps the s² scores."""
+    kw = dict(global_batch=64, seq_len=4096, zero_stage=1)
+    plain = P.make_layout(CFG, 8, 4, 1, 8, **kw)
+    flash = P.make_layout(CFG, 8, 4, 1, 8, **kw, flash_attention=True)
+    assert flash.activation_bytes < plain.activation_bytes and flash.model_state_bytes == plain.model_state_bytes
+    plans = P.plan_parallel_layout(CFG, 32, **kw, flash_attention=True)
+    assert P.find_layout(plans, 8, 4, 1, 8).memory_per_device_bytes == flash.memory_per_device_bytes
+    pp_lay = P.make_layout(CFG.replace(recompute="none"), 2, 4, 4, 8, **kw)
+    assert (P.stage_activation_bytes(CFG.replace(recompute="none"), pp_lay, seq_len=4096, flash_attention=True)["bytes"]
+            < P.stage_activation_bytes(CFG.replace(recompute="none"), pp_lay, seq_len=4096)["bytes"])
