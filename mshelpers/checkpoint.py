@@ -89,13 +89,42 @@ def write_pending(ckpt_dir: str | os.PathLike, net, optimizer=None, *, step: int
     return tmp
 
 
-def commit(pending: str | os.PathLike) -> Path:
-    """Rename a `write_pending` file to its final `step_<N>.ckpt` name (atomic) and return the final path."""
+FOREIGN_DIR = "foreign"    # another run's (or a misnamed) file found at a name we write: moved here, kept
+
+
+def _move_aside(path: Path, why: str) -> Path:
+    """Move `path` into <its folder>/foreign/ under a name no reader picks up, say so, return the new path."""
+    dest_dir = path.parent / FOREIGN_DIR
+    dest_dir.mkdir(exist_ok=True)
+    dest, n = dest_dir / path.name, 0
+    while dest.exists():
+        n += 1
+        dest = dest_dir / f"{path.stem}.{n}{path.suffix}"
+    os.replace(path, dest)
+    print(f"{path} {why}; moved it to {dest} (kept) before writing ours", file=sys.stderr)
+    return dest
+
+
+def commit(pending: str | os.PathLike, run_id: str | None = None) -> Path:
+    """Rename a `write_pending` file to its final `step_<N>.ckpt` name (atomic) and return the final path.
+
+    With `run_id`, a file already at that name that belongs to another run, or holds another step, is moved
+    into `foreign/` first (kept, and said), never overwritten.
+    """
     pending = Path(pending)
     m = re.match(rf"^{re.escape(TMP_PREFIX)}\d+-(step_\d{{6,}}\.ckpt)$", pending.name)
     if not m:
         raise ValueError(f"checkpoint.commit: {pending} is not a pending checkpoint; fix: pass write_pending()'s path")
     final = pending.with_name(m.group(1))
+    if run_id is not None and final.exists():
+        try:
+            there = info(read(final))
+        except (CorruptCheckpoint, FileNotFoundError):
+            there = None                    # damaged: ours replaces it
+        if there is not None and there.get("run", {}).get("id") != run_id:
+            _move_aside(final, f"belongs to run {there.get('run', {}).get('id')}")
+        elif there is not None and there.get("step") != int(NAME.match(final.name).group(1)):
+            _move_aside(final, f"holds step {there.get('step')}, not the step its name says")
     os.replace(pending, final)
     return final
 
@@ -106,7 +135,7 @@ def save(ckpt_dir: str | os.PathLike, net, optimizer=None, *, step: int, data_po
     if keep is not None and (not isinstance(keep, int) or keep < 1):
         raise ValueError(f"checkpoint.save: keep={keep} is invalid; fix: keep at least 1 checkpoint")
     final = commit(write_pending(ckpt_dir, net, optimizer, step=step, data_pos=data_pos,
-                                 loss_scaler=loss_scaler, run=run))
+                                 loss_scaler=loss_scaler, run=run), run_id=(run or {}).get("id"))
     if keep:
         prune(ckpt_dir, keep, run_id=(run or {}).get("id"))
     return final
@@ -222,7 +251,9 @@ def load(path: str | os.PathLike, net, optimizer=None, loss_scaler=None, ignore:
 
 def scan(ckpt_dir: str | os.PathLike, run_id: str | None = None, finite: bool = False) -> list[dict[str, Any]]:
     """Every checkpoint, newest first, as {"path", "status", ...info}: status is good, corrupt, foreign
-    (another run's id when `run_id` is given) or nonfinite (NaN/inf weights, checked when `finite`)."""
+    (another run's id when `run_id` is given), misnamed (the step inside is not the one in its name: it is
+    reported and left alone, never resumed from nor pruned) or nonfinite (NaN/inf weights, checked when
+    `finite`). "Newest" is the step stored inside."""
     out = []
     for p in list_checkpoints(ckpt_dir):
         try:
@@ -232,8 +263,12 @@ def scan(ckpt_dir: str | os.PathLike, run_id: str | None = None, finite: bool = 
             continue
         rec = {"path": p, **info(params)}
         rec["status"] = "good"
+        named = int(NAME.match(p.name).group(1))
         if run_id is not None and rec.get("run", {}).get("id") != run_id:
             rec["status"] = "foreign"
+        elif rec.get("step") != named:
+            rec["status"], rec["error"] = "misnamed", (f"checkpoint {p} holds step {rec.get('step')}, not {named}; "
+                                                       "left alone (rename it to match, or remove it)")
         elif finite and (bad := nonfinite_params(params)):
             rec["status"], rec["error"] = "nonfinite", f"checkpoint {p} holds non-finite values in {bad[0]!r}"
         out.append(rec)
@@ -245,13 +280,14 @@ def prune(ckpt_dir: str | os.PathLike, keep: int, run_id: str | None = None) -> 
 
     Integrity first: a corrupt file never counts toward `keep`, so the newest good checkpoint is never
     deleted in favour of a damaged one. Corrupt files older than a kept good one are deleted too.
-    With `run_id`, another run's checkpoints are neither counted nor deleted.
+    With `run_id`, another run's checkpoints are neither counted nor deleted. A file whose stored step
+    disagrees with its name is neither counted nor deleted either (see `scan`).
     """
     if not isinstance(keep, int) or keep < 1:
         raise ValueError(f"checkpoint.prune: keep={keep!r} is invalid; fix: keep at least 1 checkpoint")
     kept, gone = 0, []
     for rec in scan(ckpt_dir, run_id=run_id):
-        if rec["status"] == "foreign":
+        if rec["status"] in ("foreign", "misnamed"):
             continue
         if rec["status"] == "good" and kept < keep:
             kept += 1

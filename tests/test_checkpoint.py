@@ -135,11 +135,13 @@ def test_prune_never_deletes_the_newest_good_checkpoint_for_a_corrupt_one(tmp_pa
     deleted = checkpoint.prune(tmp_path, 1)
     assert [d.name for d in deleted] == ["step_000001.ckpt"]   # step 2 is the newest good one: kept
     assert checkpoint.latest_good(tmp_path)[0].name == "step_000002.ckpt"
-    # a corrupt file older than a kept good one goes too
-    (tmp_path / "step_000002.ckpt").rename(tmp_path / "step_000005.ckpt")
+    # a corrupt file older than a kept good one goes too. (This used to rename step 2 to step 5 to make it the
+    # newest; since issue 26 a name that disagrees with its step is left alone, so step 5 is written for real.)
+    checkpoint.save(tmp_path, net, opt, step=5, data_pos=5)
     checkpoint.save(tmp_path, net, opt, step=0, data_pos=0)
     (tmp_path / "step_000000.ckpt").write_bytes(b"broken")
-    assert [d.name for d in checkpoint.prune(tmp_path, 1)] == ["step_000003.ckpt", "step_000000.ckpt"]
+    assert [d.name for d in checkpoint.prune(tmp_path, 1)] == ["step_000003.ckpt", "step_000002.ckpt",
+                                                                "step_000000.ckpt"]
 
 
 def test_prune_leaves_other_runs_alone(tmp_path):
@@ -199,3 +201,31 @@ def test_prune_tolerates_a_file_already_gone(tmp_path, monkeypatch):
     gone = tmp_path / "step_000001.ckpt"
     monkeypatch.setattr(checkpoint, "list_checkpoints", lambda d: [keep, gone])
     assert checkpoint.prune(tmp_path, 1) == [gone] and keep.exists()
+
+
+def test_a_name_that_disagrees_with_its_step_is_reported_and_left_alone(tmp_path, capsys):
+    """Issue 26 F6: step_000010.ckpt renamed to step_000014.ckpt must not make --keep 1 prune the real newest
+    (step 12): pruning and "newest" go by the step stored inside."""
+    net, opt, _ = make()
+    run = {"id": "r1"}
+    checkpoint.save(tmp_path, net, opt, step=10, data_pos=10, run=run)
+    (tmp_path / "step_000010.ckpt").rename(tmp_path / "step_000014.ckpt")
+    checkpoint.save(tmp_path, net, opt, step=12, data_pos=12, run=run, keep=1)
+    assert sorted(p.name for p in checkpoint.list_checkpoints(tmp_path)) == ["step_000012.ckpt", "step_000014.ckpt"]
+    path, meta = checkpoint.latest_good(tmp_path, run_id="r1")
+    assert path.name == "step_000012.ckpt" and meta["step"] == 12
+    assert "step_000014.ckpt holds step 10, not 14; left alone" in capsys.readouterr().err
+    assert [r["status"] for r in checkpoint.scan(tmp_path)] == ["misnamed", "good"]   # without a run id too
+
+
+def test_another_runs_file_at_our_name_is_moved_aside_not_overwritten(tmp_path, capsys):
+    """Issue 26 F7: a foreign checkpoint at the name we are about to write is kept under foreign/, and said."""
+    net, opt, _ = make()
+    theirs = checkpoint.save(tmp_path, net, opt, step=6, data_pos=6, run={"id": "theirs"})
+    before = theirs.read_bytes()
+    ours = checkpoint.save(tmp_path, net, opt, step=6, data_pos=6, run={"id": "ours"})
+    assert checkpoint.read(ours)["meta.run.id"] == "ours"
+    assert (tmp_path / "foreign" / "step_000006.ckpt").read_bytes() == before
+    assert "belongs to run theirs; moved it to" in capsys.readouterr().err
+    checkpoint.save(tmp_path, net, opt, step=6, data_pos=6, run={"id": "ours"})   # our own: replaced, no note
+    assert "moved" not in capsys.readouterr().err and len(list((tmp_path / "foreign").iterdir())) == 1
