@@ -852,7 +852,12 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
     verdict = (f"{'FITS' if fits else 'DOES NOT FIT'}: largest stage {mem['memory_per_device_bytes'] / 2**30:.1f} GiB "
                f"against {mem['budget_bytes'] / 2**30:.1f} GiB (headroom {mem['headroom_bytes'] / 2**30:+.1f} GiB); "
                f"predicted {st['tokens_per_s_per_device']:.0f} tokens/s/p, MFU {st['mfu_6n']:.1%} (6N) on {hw.name}")
-    if best and gain > 0.005:
+    if not search:
+        verdict += "; layout search skipped"
+    elif best and not fits:
+        verdict += (f"; best change that fits: {best['layout']} ({_short(best['changes'])}) predicted "
+                    f"{best['tokens_per_s_per_device']} tokens/s/p")
+    elif best and gain > 0.005:
         verdict += f"; best change: {best['layout']} ({_short(best['changes'])}) predicted {gain:+.1%}"
     elif best:
         verdict += "; no searched change predicts more than +0.5%"
