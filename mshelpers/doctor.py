@@ -910,7 +910,7 @@ def render_text(r: dict) -> str:
     L += [f"| **step** | **{st['step_s']:.3f}** | 100% |", "",
           f"tokens/s per device: **{st['tokens_per_s_per_device']:.0f}**", "",
           f"## MFU against {st['peak_flops'] / 1e12:.1f} TFLOPS ({cfg.compute_dtype} peak of {hw.name})", "",
-          "| convention | MFU |", "|---|---|",
+          "| convention | MFU % |", "|---|---|",
           f"| 6N (Kaplan) | {st['mfu_6n']:.1%} |", f"| 6N + 12·L·h·s (PaLM, with attention) | {st['mfu_attention']:.1%} |",
           f"| hardware FLOPs (with recompute) | {st['mfu_hardware']:.1%} |", ""]
     if r["layouts"]:
