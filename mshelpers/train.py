@@ -65,6 +65,13 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
     scaler the scale halves. With cfg.grad_accum = k the batch is split into k
     micro-batches whose gradients are averaged before one update.
     """
+    if cfg.mode == "graph" and os.environ.get("MS_COMPILER_CACHE_ENABLE", "0") not in ("", "0"):
+        # Measured on MindSpore 2.9 (tests/test_compile_cache.py): on a warm compile cache an ms.jit
+        # *function* step reads its parameters as zeros (loss ln(vocab), gradient norm 0), so the run
+        # would look alive and learn nothing. A Cell step (nn.TrainOneStepCell, workers/dp_train) is safe.
+        raise ValueError("make_train_step: MS_COMPILER_CACHE_ENABLE=1 with this ms.jit function step trains on "
+                         "zeroed weights from a warm cache (MindSpore 2.9); fix: unset MS_COMPILER_CACHE_ENABLE "
+                         "for train(), or use a Cell step such as nn.TrainOneStepCell with the cache")
     import mindspore as ms
     from mindspore import amp, ops
 
@@ -145,6 +152,58 @@ class RunLocked(RuntimeError):
     """Another process holds the run folder."""
 
 
+class Preempted(RuntimeError):
+    """SIGTERM or SIGINT stopped the run; the state after the last completed step was saved."""
+
+    def __init__(self, msg: str, signo: int) -> None:
+        super().__init__(msg)
+        self.signo = signo
+
+
+MAX_STEPS = 1_000_000   # the lr table holds one value per step; far beyond what a CPU run reaches
+
+
+def check_steps(steps: int, what: str = "steps") -> None:
+    """Refuse a step count outside 1..MAX_STEPS with one line, before anything is built or written."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"{what}={steps!r} is invalid; fix: pass an integer from 1 to {MAX_STEPS:,} "
+                         "(the stated maximum)")
+
+
+class StopSignal:
+    """SIGTERM and SIGINT for the training CLI, taken from MindSpore.
+
+    MindSpore's SignalGuard turns a SIGINT into a SIGTERM to the process, and a Python handler installed
+    after its own does not run for SIGINT. So `install()` blocks both signals in every thread (call it before
+    `import mindspore`: threads inherit the mask), and one thread receives them with `sigwaitinfo`. The
+    training loop reads `signo` after every step, saves and stops. A second signal exits at once
+    (128 + signo); the checkpoint writes are atomic, so that still loses nothing already saved.
+    """
+
+    def __init__(self) -> None:
+        self.signo = 0
+
+    def install(self) -> "StopSignal":
+        import signal
+        import threading
+        wanted = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+
+        def wait() -> None:
+            while True:
+                info = signal.sigwaitinfo(wanted)
+                if self.signo:
+                    os._exit(128 + info.si_signo)
+                self.signo = info.si_signo
+        threading.Thread(target=wait, name="stop-signal", daemon=True).start()
+        return self
+
+    @property
+    def name(self) -> str:
+        import signal
+        return signal.Signals(self.signo).name
+
+
 @dataclass
 class History:
     """Per-step rows of one run plus its summary (compile step apart from steady steps)."""
@@ -212,8 +271,12 @@ class _MetricsCSV:
     def start_fresh(self) -> None:
         self._replace_with([])
 
-    def keep_upto(self, step: int) -> tuple[list[dict], str]:
-        """Keep rows with step <= `step`; return them parsed and a note on what was repaired or missing."""
+    def keep_upto(self, step: int, loss: float | None = None) -> tuple[list[dict], str]:
+        """Keep rows with step <= `step`; return them parsed and a note on what was repaired or missing.
+
+        Steps must rise: a row whose step repeats or runs backwards is dropped and reported. For the
+        checkpoint's own step, the row whose loss equals the checkpoint's recorded `loss` is the one kept.
+        """
         import csv
         import io
         parse_cell = _sibling("table", "parse_cell")
@@ -223,10 +286,10 @@ class _MetricsCSV:
         if lines[-1]:
             notes.append(f"dropped a torn last line ({lines[-1][:40]!r}...)")
         lines = lines[:-1]
-        kept_lines, rows, seen = [], [], set()
+        cands = []                                   # (line number, step, line, row) of well-formed rows
         if lines:
             header = next(csv.reader([lines[0]]))
-            for line in lines[1:]:
+            for n, line in enumerate(lines[1:], start=2):
                 vals = next(csv.reader([line]), [])
                 if len(vals) != len(header):
                     notes.append(f"dropped a malformed line ({line[:40]!r})")
@@ -237,15 +300,39 @@ class _MetricsCSV:
                 except (KeyError, ValueError):
                     notes.append(f"dropped a line without a step ({line[:40]!r})")
                     continue
-                if st > step or st in seen:
-                    continue
-                seen.add(st)
-                if header != self.columns:   # an older column set: re-serialise under the current header
-                    buf = io.StringIO()
-                    csv.DictWriter(buf, fieldnames=self.columns, extrasaction="ignore", lineterminator="").writerow(r)
-                    line = buf.getvalue()
-                kept_lines.append(line)
-                rows.append({k: parse_cell(r.get(k, "")) for k in self.columns})
+                if st <= step:
+                    cands.append((n, st, line, r))
+        at = [c for c in cands if c[1] == step]
+        if loss is not None and at:
+            def matches(c):
+                try:
+                    return float(c[3].get("loss", "nan")) == loss
+                except ValueError:
+                    return False
+            real = next((c for c in at if matches(c)), None)
+            if real is None:
+                notes.append(f"no row for step {step} has the checkpoint's loss {loss!r}; kept line {at[0][0]}")
+            elif real is not at[0]:
+                cands = [c for c in cands if c[1] != step or c is real]
+                notes.append(f"kept line {real[0]} for step {step} (its loss matches the checkpoint's), "
+                             f"dropped line{'s' if len(at) > 2 else ''} "
+                             f"{', '.join(str(c[0]) for c in at if c is not real)}")
+        kept_lines, rows, last, dropped = [], [], 0, []
+        for n, st, line, r in cands:
+            if st <= last:                           # a repeat, or running backwards
+                dropped.append(f"step {st} at line {n} after step {last}")
+                continue
+            last = st
+            if header != self.columns:   # an older column set: re-serialise under the current header
+                buf = io.StringIO()
+                csv.DictWriter(buf, fieldnames=self.columns, extrasaction="ignore", lineterminator="").writerow(r)
+                line = buf.getvalue()
+            kept_lines.append(line)
+            rows.append({k: parse_cell(r.get(k, "")) for k in self.columns})
+        if dropped:
+            notes.append(f"dropped {len(dropped)} row{'s' if len(dropped) > 1 else ''} whose step repeats or runs "
+                         f"backwards ({'; '.join(dropped[:5])}), keeping the first of each")
+        seen = {r["step"] for r in rows}
         missing = sorted(set(range(1, step + 1)) - seen)
         if missing:
             notes.append(f"metrics.csv has no rows for {len(missing)} of steps 1..{step} (e.g. step {missing[0]}); "
@@ -253,15 +340,42 @@ class _MetricsCSV:
         self._replace_with(kept_lines)
         return rows, "; ".join(notes)
 
-    def append(self, row: dict) -> None:
+    def _gone(self) -> bool:
+        """The file we append to was deleted or replaced under us."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        f = os.fstat(self._f.fileno())
+        return (st.st_ino, st.st_dev) != (f.st_ino, f.st_dev)
+
+    def _recreate(self, rows: list[dict]) -> None:
         import csv
+        import io
+        self._f.close()
+        self._f = None
+        buf = io.StringIO()
+        csv.DictWriter(buf, fieldnames=self.columns, extrasaction="ignore", lineterminator="\n").writerows(rows)
+        self._replace_with(buf.getvalue().splitlines())
+        span = f"steps {rows[0]['step']}..{rows[-1]['step']}" if rows else "no rows"
+        print(f"{self.path} disappeared during the run; re-created it from the {len(rows)} rows held in memory "
+              f"({span}); no row lost", file=sys.stderr, flush=True)
+
+    def append(self, row: dict, rows: list[dict] | None = None) -> None:
+        """Append `row`; with `rows` (every row so far, this one included) a deleted file is re-created."""
+        import csv
+        if self._f is not None and rows is not None and self._gone():
+            self._recreate(rows)
+            return
         if self._f is None:
             self._f = self.path.open("a", newline="")
             self._w = csv.DictWriter(self._f, fieldnames=self.columns, extrasaction="ignore")
         self._w.writerow(row)
         self._f.flush()
 
-    def close(self) -> None:
+    def close(self, rows: list[dict] | None = None) -> None:
+        if self._f is not None and rows is not None and self._gone():
+            self._recreate(rows)
         if self._f is not None:
             self._f.close()
             self._f = None
@@ -271,7 +385,8 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
           csv_path: str | Path | None = None, progress: bool = True, peak_flops: float | None = None,
           net=None, ckpt_dir: str | Path | None = None, ckpt_every: int = 0, keep: int = 3,
           resume: bool = False, stop_on_nonfinite: bool = True, run: dict | None = None,
-          collapse_after: int = 5) -> History:
+          collapse_after: int = 5, on_ready: Callable[[], Any] | None = None,
+          stop: StopSignal | None = None) -> History:
     """Train `cfg` for `steps` (default cfg.steps) steps and return its History.
 
     callbacks: callables receiving each step's row (dict) after it is logged.
@@ -291,13 +406,16 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
         step and the newest checkpoint with finite weights. With dynamic loss scaling the step is skipped.
     collapse_after: stop with CollapsedRun after this many consecutive steps with a zero gradient norm, or
         with the loss pinned at ln(vocab_size) (0 disables).
+    on_ready: called once every check has passed (the model built, the checkpoint loaded) and before
+        anything is written: the CLI writes config.yaml there, so a refused run changes no file.
+    stop: a StopSignal; when it fires, the current step is finished, a checkpoint of it is saved (ckpt_dir
+        is needed) and Preempted is raised naming it.
     """
     build_dir = _sibling("config", "build_dir")
     COLUMNS, StepLogger, flops_per_token, hardware_peak_flops = _sibling(
         "metrics", "COLUMNS", "StepLogger", "flops_per_token", "hardware_peak_flops")
     steps = cfg.steps if steps is None else steps
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"train: steps={steps!r} is invalid; fix: pass a positive integer")
+    check_steps(steps, "train: steps")
     if not isinstance(ckpt_every, int) or ckpt_every < 0:
         raise ValueError(f"train: ckpt_every={ckpt_every!r} is invalid; fix: pass 0 (off) or a positive integer")
     if ckpt_every and ckpt_dir is None:
@@ -309,6 +427,7 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
     if steps > cfg.steps:
         cfg = cfg.replace(steps=steps)    # the lr schedule must cover every step
     cfg.validate()                          # before any MindSpore work
+    _sibling("data", "check_fits")(cfg)
     run_id = (run or {}).get("id")
 
     checkpoint = _sibling("checkpoint")
@@ -323,6 +442,10 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
         if good and good[0]["step"] > steps:
             raise ValueError(f"steps={steps} is fewer than the checkpoint's step {good[0]['step']} "
                              f"({good[0]['path'].name}); fix: pass steps >= {good[0]['step']}")
+        if good and good[0]["step"] == steps:   # a finished run: nothing to do, nothing touched
+            print(f"the run is complete: {good[0]['path']} is step {steps} of {steps}; nothing to do "
+                  "(pass a larger --steps to extend it)", file=sys.stderr, flush=True)
+            return History(cfg)
 
     import mindspore as ms
     import numpy as np
@@ -351,15 +474,20 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
         start, data_pos, last_ckpt = meta["step"] + 1, meta["data_pos"], good[0]["path"]
         if guard:
             guard.load(good[0]["path"])
-        for r in recs[:recs.index(good[0])]:     # newer ones passed over, each with its reason
+        if on_ready:
+            on_ready()
+        passed = recs[:recs.index(good[0])] + [r for r in recs[recs.index(good[0]):] if r["status"] == "misnamed"]
+        for r in passed:     # newer ones passed over, and every misnamed one, each with its reason
             why = r.get("error") or f"checkpoint {r['path']} belongs to run {r.get('run', {}).get('id')}"
             print(f"{why}; skipping it", file=sys.stderr)
-        kept_rows, note = metrics_csv.keep_upto(meta["step"])
+        kept_rows, note = metrics_csv.keep_upto(meta["step"], meta.get("loss"))
         if ckpt_every:
             checkpoint.prune(ckpt_dir, keep, run_id=run_id)   # room for the next write on a nearly full disk
         print(f"resumed from {good[0]['path']} (step {meta['step']}, data position {data_pos}); "
               f"continuing at step {start} of {steps}" + (f"; {note}" if note else ""), file=sys.stderr, flush=True)
     else:
+        if on_ready:
+            on_ready()
         if resume:
             print(f"resume: no checkpoint in {ckpt_dir} yet; starting at step 1", file=sys.stderr, flush=True)
         metrics_csv.start_fresh()
@@ -379,7 +507,7 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
 
     def commit_pending() -> None:
         nonlocal pending, pending_guard, last_ckpt
-        last_ckpt = checkpoint.commit(pending)
+        last_ckpt = checkpoint.commit(pending, run_id=run_id)
         if pending_guard is not None:
             guard.save(last_ckpt, pending_guard)
         pending, pending_guard = None, None
@@ -389,9 +517,38 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
         found = checkpoint.latest_good(ckpt_dir, run_id=run_id, finite=True) if ckpt_dir else None
         return f"{found[0]} (step {found[1]['step']})" if found else "none written yet"
 
-    step, redo = start, False
+    def save_now(step: int) -> Path | None:
+        """Preempted after `step`: make the state after it visible as a checkpoint, return its path."""
+        nonlocal pending, pending_guard
+        if pending is not None and f"step_{step:06d}" not in Path(pending).name:
+            commit_pending()       # an older pending one: this step's finite loss vouched for it
+        if ckpt_dir is None or step < start:
+            return last_ckpt
+        bad = next((p.name for p in params if not np.isfinite(p.asnumpy()).all()), None)
+        if bad:                    # never save non-finite weights, not even on the way out
+            if pending is not None:
+                Path(pending).unlink(missing_ok=True)
+            pending = pending_guard = None
+            return last_ckpt
+        if pending is None:
+            pending = checkpoint.write_pending(ckpt_dir, net, optimizer, step=step, data_pos=data_pos,
+                                               loss_scaler=step_fn.loss_scaler, run=run, loss=done_loss)
+            pending_guard = guard.state() if guard else None
+        commit_pending()
+        return last_ckpt
+
+    def preempted(step: int) -> Preempted:
+        saved = save_now(step)
+        where = f"saved {saved} (step {step})" if saved and step >= start else \
+            f"no step completed in this process; newest checkpoint: {saved or 'none'}"
+        return Preempted(f"{stop.name} after step {step}: {where}; fix: rerun with --resume to continue",
+                         stop.signo)
+
+    step, redo, done_loss = start, False, None
     try:
         while step <= steps:
+            if stop is not None and stop.signo:
+                raise preempted(step - 1)
             if guard:
                 guard.snapshot()           # the state before this step: what a rollback restores
             x = ms.Tensor(next(batches), ms.int32)
@@ -413,8 +570,8 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
                 continue                   # the same step again, on the next batch
             row = logger.log_step(step, loss, dt, lr=lr_at(cfg, step), grad_norm=grad_norm,
                                   overflow=not finite, loss_scale=float(scale.asnumpy()), spike=redo)
-            metrics_csv.append(row)
-            redo = False
+            metrics_csv.append(row, logger.rows)
+            done_loss, redo = loss, False
             if stop_on_nonfinite and not cfg.dynamic_loss_scale and not math.isfinite(loss):
                 raise NonFiniteLoss(f"loss is {loss} at step {step}; newest checkpoint with finite weights: "
                                     f"{newest_finite()}. Fix: lower lr, check the init, "
@@ -435,19 +592,21 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
                     raise NonFiniteLoss(f"parameter {bad!r} is non-finite after step {step}; not saved; newest "
                                         f"checkpoint with finite weights: {newest_finite()}. Fix: lower lr")
                 pending = checkpoint.write_pending(ckpt_dir, net, optimizer, step=step, data_pos=data_pos,
-                                                   loss_scaler=step_fn.loss_scaler, run=run)
+                                                   loss_scaler=step_fn.loss_scaler, run=run, loss=loss)
                 pending_guard = guard.state() if guard else None
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", ms=f"{dt * 1e3:.0f}")
             for cb in callbacks:
                 cb(row)
+            if stop is not None and stop.signo and step < steps:
+                raise preempted(step)
             step += 1
         if pending is not None:        # the last step: no next forward to vouch for it; its weights are finite
             commit_pending()
     finally:
         if pending is not None:
             Path(pending).unlink(missing_ok=True)
-        metrics_csv.close()
+        metrics_csv.close(logger.rows)
         bar.close()
     return hist
 
@@ -610,7 +769,9 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: python -m mshelpers.train --preset mini --steps 50 --out DIR [--ckpt-every K] [--resume].
 
     Every expected failure (bad input, a busy or unwritable folder, a full disk, a stopped run) ends in
-    one line `error: ...` and a non-zero exit; --debug shows the traceback instead.
+    one line `error: ...` and a non-zero exit; --debug shows the traceback instead, and MindSpore's own log.
+    SIGTERM or SIGINT (a scheduler's preemption, Ctrl-C) saves a checkpoint of the last completed step,
+    prints one line saying where, and exits 143 or 130.
     """
     import argparse
 
@@ -623,18 +784,34 @@ def main(argv: list[str] | None = None) -> int:
                 description="Train a RunConfig preset; write DIR/metrics.csv, DIR/config.yaml and checkpoints.")
     ap.add_argument("--preset", default=None, help="RunConfig preset name (default mini; a resume keeps the run's)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a RunConfig field")
-    ap.add_argument("--steps", type=int, required=True, help="train up to this step (a resume may extend the run)")
-    ap.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps and at the end (0 = never)")
+    ap.add_argument("--steps", type=int, required=True,
+                    help=f"train up to this step, at most {MAX_STEPS:,} (a resume may extend the run)")
+    ap.add_argument("--ckpt-every", type=int, default=None,
+                    help="checkpoint every K steps and at the end (0 = never; default 0, a resume keeps the run's)")
     ap.add_argument("--keep", type=int, default=3, help="intact checkpoints to keep")
     ap.add_argument("--out", required=True, help="run folder (one run per folder)")
     ap.add_argument("--resume", action="store_true", help="continue this folder's run from its newest intact checkpoint")
+    ap.add_argument("--allow-change", action="store_true",
+                    help="on --resume, apply --set values that differ from the checkpoint's settings")
+    ap.add_argument("--allow-data-change", action="store_true",
+                    help="on --resume, continue although the data file's content changed")
     ap.add_argument("--overwrite", action="store_true", help="start fresh in a used folder, moving the old run "
                                                              "into DIR/previous/")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
-    ap.add_argument("--debug", action="store_true", help="show tracebacks")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks and MindSpore's own log")
     a = ap.parse_args(argv)
+    stop = None
+    if argv is None and "mindspore" not in sys.modules:   # the CLI process itself, before MindSpore's threads
+        if not a.debug:  # MindSpore's C++ and Python log: only CRITICAL, so a failure prints the CLI's one line
+            os.environ.setdefault("GLOG_v", "4")
+            os.environ.setdefault("GLOG_logtostderr", "1")
+        stop = StopSignal().install()
+        a.quiet_mindspore = not a.debug
     try:
-        return _run(a)
+        return _run(a, stop)
+    except Preempted as e:
+        print(f"error: Preempted: {e}", file=sys.stderr)
+        return 128 + e.signo
     except (OSError, ValueError, RuntimeError) as e:
         if a.debug:
             raise
@@ -646,14 +823,33 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _run(a) -> int:
+def _quiet_mindspore() -> None:
+    """The CLI's MindSpore Python logger drops even CRITICAL lines (GLOG_v=4 still prints them), so a refused
+    run prints only the CLI's `error:` line. The reason is in that line; --debug shows everything."""
+    import logging
+    from mindspore import log
+    getattr(log, "_get_logger", lambda: logging.getLogger("mindspore"))().setLevel(logging.CRITICAL + 1)
+
+
+def _diff(old: dict, new: dict, skip=("steps", "log_dir")) -> dict:
+    """Fields whose values differ, as {field: (old, new)}; `steps` (a resume may extend) and log_dir left out."""
+    return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
+            if k not in skip and old.get(k) != new.get(k)}
+
+
+def _fmt(d: dict) -> str:
+    return ", ".join(f"{k} {o!r} -> {n!r}" for k, (o, n) in d.items())
+
+
+def _run(a, stop: StopSignal | None = None) -> int:
+    import json
     import uuid
 
     checkpoint = _sibling("checkpoint")
     RunConfig = _sibling("config", "RunConfig")
-    if a.steps < 1:
-        raise ValueError(f"--steps {a.steps} is invalid; fix: pass a positive integer")
-    if a.ckpt_every < 0 or a.keep < 1:
+    check_fits, data_id = _sibling("data", "check_fits", "data_id")
+    check_steps(a.steps, "--steps")
+    if (a.ckpt_every is not None and a.ckpt_every < 0) or a.keep < 1:
         raise ValueError(f"--ckpt-every {a.ckpt_every} / --keep {a.keep} invalid; fix: ckpt-every >= 0, keep >= 1")
     if a.resume and a.overwrite:
         raise ValueError("--resume and --overwrite contradict each other; fix: pass one of them")
@@ -666,6 +862,11 @@ def _run(a) -> int:
     fresh = fresh.replace(steps=max(fresh.steps, a.steps))
     if not (a.resume and saved.exists()):
         fresh.validate()                       # bad input fails before the folder is made
+        check_fits(fresh)
+    if getattr(a, "quiet_mindspore", False):
+        _quiet_mindspore()
+    notes: list[str] = []                      # printed once every check has passed
+    moved: list[Path] = []
     with run_lock(out):
         for d in (out, ckpts):                 # we hold the lock: any temp file is a dead writer's
             checkpoint.clean_temp(d)
@@ -681,16 +882,48 @@ def _run(a) -> int:
                                  "fix: drop --preset when resuming")
             cfg = base.replace(**overrides)
             if a.steps > cfg.steps:
-                print(f"extending the run from {cfg.steps} to {a.steps} steps: the learning-rate schedule "
-                      f"(warm-up {cfg.warmup_steps}, then cosine to 10 %) is recomputed over {a.steps} steps; "
-                      f"steps already run keep the rates they had", file=sys.stderr)
+                notes.append(f"extending the run from {cfg.steps} to {a.steps} steps: the learning-rate schedule "
+                             f"(warm-up {cfg.warmup_steps}, then cosine to 10 %) is recomputed over {a.steps} "
+                             "steps; steps already run keep the rates they had")
                 cfg = cfg.replace(steps=a.steps)
             cfg.validate()
-            changed = {k: (v, getattr(cfg, k)) for k, v in base.to_dict().items() if k != "steps" and getattr(cfg, k) != v}
-            if changed:
-                print("resume with changed settings: " + ", ".join(f"{k} {o!r} -> {n!r}" for k, (o, n) in changed.items()),
-                      file=sys.stderr)
-            run = {"id": ident["id"], "config_hash": cfg.config_hash()}
+            check_fits(cfg)
+            # what the run was trained with: the settings stored in the checkpoint it continues
+            good = [r for r in checkpoint.scan(ckpts, run_id=ident["id"]) if r["status"] == "good"]
+            ck_run = good[0].get("run", {}) if good else {}
+            where = good[0]["path"].name if good else None
+            if "config" in ck_run:
+                trained = json.loads(ck_run["config"])
+                edited = {k: v for k, v in _diff(trained, base.to_dict()).items() if k not in overrides}
+                if edited:
+                    raise ValueError(
+                        f"{saved} differs from the settings {where} was trained with, not given with --set: "
+                        f"{_fmt(edited)}; fix: restore those values in config.yaml, or pass them with "
+                        f"--set ({' '.join(f'{k}={n}' for k, (_, n) in edited.items())}) and --allow-change")
+            else:                              # no checkpoint yet, or one without its settings: the hash
+                trained = base.to_dict()
+                want = ck_run.get("config_hash") or ident.get("config_hash")
+                if want and want != base.config_hash() and good:
+                    raise ValueError(f"{saved} no longer matches config_hash {want} of {where} (edited by hand); "
+                                     "fix: restore config.yaml, or start a fresh run in another --out")
+            changed = _diff(trained, cfg.to_dict()) if good else {}   # no checkpoint: a fresh start, nothing mixed
+            if changed and not a.allow_change:
+                raise ValueError(f"--set changes the run's results: {_fmt(changed)}; fix: add --allow-change "
+                                 "to mean it, or drop the --set")
+            if _diff(base.to_dict(), cfg.to_dict()):
+                notes.append("resume with changed settings: " + _fmt(_diff(base.to_dict(), cfg.to_dict())))
+            data = data_id(cfg)
+            was = ck_run.get("data") or ident.get("data")
+            if was and was != data and cfg.data == trained.get("data"):
+                if not a.allow_data_change:
+                    raise ValueError(f"the data {cfg.data!r} changed since {where or 'the run started'}: was {was}, "
+                                     f"now {data}; fix: restore it, or pass --allow-data-change to continue on it")
+                notes.append(f"continuing on changed data {cfg.data!r}: was {was}, now {data}")
+            stored = int(ck_run.get("ckpt_every") or ident.get("ckpt_every") or 0)
+            ckpt_every = stored if a.ckpt_every is None else a.ckpt_every
+            if a.ckpt_every is None and stored:
+                notes.append(f"checkpoint every {ckpt_every} steps, as the run was started")
+            run_id = ident["id"]
         else:
             if a.resume:
                 found = checkpoint.list_checkpoints(ckpts)
@@ -698,7 +931,7 @@ def _run(a) -> int:
                     raise ValueError(f"--resume: {out} holds {len(found)} checkpoints and "
                                      f"{'a' if csv.exists() else 'no'} metrics.csv but no config.yaml to say "
                                      "which run they belong to; fix: restore config.yaml, or start fresh with --overwrite")
-                print(f"resume: nothing to resume in {out}; starting a fresh run", file=sys.stderr)
+                notes.append(f"resume: nothing to resume in {out}; starting a fresh run")
             cfg = fresh
             used = [p for p in (saved, csv, ckpts) if p.exists()
                     and (p.is_file() or any(p.iterdir()))]
@@ -706,11 +939,22 @@ def _run(a) -> int:
                 if not a.overwrite:
                     raise ValueError(f"{out} already holds a run ({', '.join(p.name for p in used)}); fix: --resume "
                                      "to continue it, --overwrite to move it aside, or another --out")
-                print(f"moved the previous run to {_move_aside(out, used)}", file=sys.stderr)
-            run = {"id": uuid.uuid4().hex[:12], "config_hash": cfg.config_hash()}
-        cfg.to_yaml(saved, run=run)
+                moved = used
+            data, ckpt_every, run_id = data_id(cfg), a.ckpt_every or 0, uuid.uuid4().hex[:12]
+        ident = {"id": run_id, "config_hash": cfg.config_hash(), "data": data, "ckpt_every": ckpt_every}
+        # every checkpoint carries the settings it was trained with, so a resume can name a hand edit
+        run = {**ident, "config": json.dumps({k: v for k, v in cfg.to_dict().items() if k != "steps"},
+                                             sort_keys=True)}
+
+        def ready() -> None:                   # every check passed: only now is anything written
+            if moved:
+                print(f"moved the previous run to {_move_aside(out, moved)}", file=sys.stderr)
+            cfg.to_yaml(saved, run=ident)
+            for n in notes:
+                print(n, file=sys.stderr)
+
         h = train(cfg, steps=a.steps, csv_path=csv, progress=not a.quiet, ckpt_dir=ckpts,
-                  ckpt_every=a.ckpt_every, keep=a.keep, resume=a.resume, run=run)
+                  ckpt_every=ckpt_every, keep=a.keep, resume=a.resume, run=run, on_ready=ready, stop=stop)
     s = h.summary() if h.rows else None
     if s and s["rollbacks"]:
         print(f"spike guard: {s['rollbacks']} rollbacks, skipped data positions {s['skipped_data_pos']}")

@@ -25,6 +25,32 @@ def window_id(row: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(row, dtype=np.int32).tobytes(), digest_size=8).hexdigest()
 
 
+def _dp_step_class():
+    from mindspore import nn, ops
+    import mindspore as ms
+
+    class DPStep(nn.Cell):
+        """value_and_grad -> all-reduce mean (DP) -> clip by global norm -> AdamW; returns (loss, norm)."""
+
+        def __init__(self, net, opt, reducer, clip: float) -> None:
+            super().__init__(auto_prefix=False)
+            self.net, self.opt, self.reducer, self.clip = net, opt, reducer, clip
+            self.grad_fn = ms.value_and_grad(net, None, opt.parameters)
+
+        def construct(self, input_ids):
+            loss, grads = self.grad_fn(input_ids)
+            if self.reducer is not None:
+                grads = self.reducer(grads)        # all-reduce, then divide by world (gradients_mean=True)
+            norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g)) for g in grads]))
+            if self.clip > 0:
+                factor = ops.minimum(self.clip / (norm + 1e-6), 1.0)
+                grads = tuple(g * factor for g in grads)
+            self.opt(grads)
+            return loss, norm
+
+    return DPStep
+
+
 def train_dp(cfg, steps: int, *, world: int = 1, rank: int = 0, shard: bool = True, eval_windows: int = 16,
              progress=None) -> dict:
     """Train cfg for `steps` steps on this rank; return losses, step times, window ids, eval loss, params."""
@@ -41,20 +67,12 @@ def train_dp(cfg, steps: int, *, world: int = 1, rank: int = 0, shard: bool = Tr
     opt = make_optimizer(net, cfg)
     params = opt.parameters
     reducer = nn.DistributedGradReducer(params, mean=True) if world > 1 else None
-    grad_fn = ms.value_and_grad(net, None, params)
-    clip = float(cfg.grad_clip)
-
-    @ms.jit
-    def step(input_ids):
-        loss, grads = grad_fn(input_ids)
-        if reducer is not None:
-            grads = reducer(grads)             # all-reduce, then divide by world (gradients_mean=True)
-        norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g)) for g in grads]))
-        if clip > 0:
-            factor = ops.minimum(clip / (norm + 1e-6), 1.0)
-            grads = tuple(g * factor for g in grads)
-        opt(grads)
-        return loss, norm
+    # The step is a Cell, not an `ms.jit` function: with MindSpore 2.9's compile cache
+    # (MS_COMPILER_CACHE_ENABLE=1), a warm start of a jitted *function* lost its parameters (they read
+    # as zeros: step-1 loss exactly ln(vocab), gradient norm 0, NaN from step 2 under DATA_PARALLEL),
+    # while a Cell, whose parameters are graph inputs, trained identically cold and warm
+    # (tests/test_compile_cache.py measures both).
+    step = _dp_step_class()(net, opt, reducer, float(cfg.grad_clip))
 
     init_sum = float(sum(np.abs(p.asnumpy()).sum() for p in params))
 
