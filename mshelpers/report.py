@@ -345,16 +345,22 @@ def resume_check(cfg: Any, n: int, where: str | os.PathLike) -> dict[str, Any]:
 
 
 def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_flops: float | None = None,
-                 resume_seed: int | None = None, resume_n: int = 6) -> dict[str, Any]:
+                 resume_seed: int | None = None, resume_n: int = 6, context: dict | None = None) -> dict[str, Any]:
     """One run of one config and seed, meant for a fresh process (`timing.compare_interleaved`).
 
     Returns the run's summary (health, efficiency, stability) with `peak_mem_mb` taken at the
     run's last step, before anything else runs in the process. When seed == resume_seed it also
     runs `resume_check` on the same config (warm-up 2 steps, a dynamic loss scale that starts high
     enough to overflow, so the scale changes before the checkpoint).
+    `context` is passed to `ms.set_context` first, for levers that are context settings rather than
+    RunConfig fields, e.g. {"jit_config": {"jit_level": "O1"}} (graph-kernel fusion is an environment
+    variable, MS_DEV_GRAPH_KERNEL_FLAGS, given to the fresh process).
     """
     RunConfig = _sibling("config", "RunConfig")
     train = _sibling("train", "train")
+    if context:
+        import mindspore as ms
+        ms.set_context(**context)
     cfg = RunConfig.from_yaml(cfg_yaml).replace(seed=seed)
     h = train(cfg, steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{seed}.csv", progress=False,
               peak_flops=peak_flops)
