@@ -85,10 +85,10 @@ DATASHEET_PEAK_FLOPS: dict[str, dict[str, Any]] = {
                     "source": "Huawei, 'DaVinci: A Scalable Architecture for Neural Network Computing', "
                               "Hot Chips 31 (2019): Ascend 910, 32 DaVinci cores, 256 TFLOPS FP16 (no bf16 in "
                               "the 910A's cube unit)"},
-    "Ascend 910B": {"float16": 320e12, "bfloat16": 320e12,
-                    "source": "no public Huawei per-chip datasheet; ~320 TFLOPS FP16 is the figure reported "
-                              "by third parties (e.g. boardor.com, 'Huawei Ascend 910B outperforms H20'). "
-                              "Variants 910B1-B4 differ: measure with peak_flops() on the NPU"},
+    "Ascend 910B": {"float16": 376e12, "bfloat16": 353.9e12,
+                    "source": "Huawei Ascend/msmodeling device profile ATLAS_800_A2_376T_64G (tensor_cast/device.py, "
+                              "commit 1e5a50b1; mindformers publishes no constant). The same file lists 313T and "
+                              "280T bins of the card: check your SKU, and measure with peak_flops() on the NPU"},
     "NVIDIA A100 SXM": {"float16": 312e12, "bfloat16": 312e12, "float32": 19.5e12, "tf32": 156e12,
                         "source": "NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-"
                                   "1758950-r4-web.pdf), dense figures"},
