@@ -30,7 +30,9 @@ class RMSNorm(nn.Cell):
         self.square, self.mean, self.rsqrt = ops.Square(), ops.ReduceMean(keep_dims=True), ops.Rsqrt()
 
     def construct(self, x):
-        # statistics in float32 whatever the AMP level: the mean of squares is where float16 overflows first
+        # statistics in float32: the mean of squares is where float16 overflows first. In PyNative a cell cast
+        # with to_float(float16) (AMP O2/O3) casts every op's inputs back to float16, this astype included:
+        # keep the cell itself in float32 (to_float(ms.float32)) there. Graph mode honours the astype.
         x32 = x.astype(ms.float32)
         y = x32 * self.rsqrt(self.mean(self.square(x32), -1) + self.eps) * self.weight
         return y.astype(x.dtype)
