@@ -327,7 +327,8 @@ def resume_check(cfg: Any, n: int, where: str | os.PathLike) -> dict[str, Any]:
     for name in ("straight", "resumed"):
         found = checkpoint.latest_good(where / f"ckpt_{name}")
         pos[name] = found[1]["data_pos"] if found and found[1]["step"] == 2 * n else None
-        state[name] = {k: v.asnumpy() for k, v in checkpoint.read(found[0]).items()} if found else {}
+        state[name] = ({k: v.asnumpy() for k, v in checkpoint.read(found[0]).items() if hasattr(v, "asnumpy")}
+                   if found else {})   # text entries (the run identity) are not state
     out["data_pos_straight"], out["data_pos_resumed"] = pos["straight"], pos["resumed"]
     out["data_pos_equal"] = pos["straight"] is not None and pos["straight"] == pos["resumed"]
     a, b = state["straight"], state["resumed"]
