@@ -346,7 +346,8 @@ def resume_check(cfg: Any, n: int, where: str | os.PathLike) -> dict[str, Any]:
 
 
 def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_flops: float | None = None,
-                 resume_seed: int | None = None, resume_n: int = 6, context: dict | None = None) -> dict[str, Any]:
+                 resume_seed: int | None = None, resume_n: int = 6, context: dict | None = None,
+                 log_dir: str | None = None) -> dict[str, Any]:
     """One run of one config and seed, meant for a fresh process (`timing.compare_interleaved`).
 
     Returns the run's summary (health, efficiency, stability) with `peak_mem_mb` taken at the
@@ -355,14 +356,23 @@ def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_fl
     enough to overflow, so the scale changes before the checkpoint).
     `context` is passed to `ms.set_context` first, for levers that are context settings rather than
     RunConfig fields, e.g. {"jit_config": {"jit_level": "O1"}} (graph-kernel fusion is an environment
-    variable, MS_DEV_GRAPH_KERNEL_FLAGS, given to the fresh process).
+    variable, MS_DEV_GRAPH_KERNEL_FLAGS, given to the fresh process). `log_dir` (fresh processes only)
+    becomes the working folder and receives the process's stdout/stderr as <name>-s<seed>.log.
     """
     RunConfig = _sibling("config", "RunConfig")
     train = _sibling("train", "train")
+    cfg = RunConfig.from_yaml(cfg_yaml).replace(seed=seed)
+    csv_dir = str(Path(csv_dir).resolve())       # before a chdir to log_dir
+    if log_dir:   # a fresh process only: its output (resume notes, AKG's per-kernel lines) and its cwd go there
+        d = Path(log_dir).resolve()
+        d.mkdir(parents=True, exist_ok=True)
+        os.chdir(d)
+        fd = os.open(d / f"{cfg.name}-s{seed}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
     if context:
         import mindspore as ms
         ms.set_context(**context)
-    cfg = RunConfig.from_yaml(cfg_yaml).replace(seed=seed)
     h = train(cfg, steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{seed}.csv", progress=False,
               peak_flops=peak_flops)
     s = h.summary()
