@@ -60,12 +60,14 @@ def _state(net, optimizer, loss_scaler) -> dict[str, Any]:
 
 
 def write_pending(ckpt_dir: str | os.PathLike, net, optimizer=None, *, step: int, data_pos: int,
-                  loss_scaler=None, run: dict | None = None) -> Path:
+                  loss_scaler=None, run: dict | None = None, loss: float | None = None) -> Path:
     """Write the checkpoint of `step` under a temporary name (invisible to readers) and return that path.
 
     `commit(path)` makes it visible. Training writes a checkpoint this way and commits it only after
     the next step's loss came out finite, so weights that blow up the next forward are never kept.
-    `run` (e.g. {"id": ..., "config_hash": ...}) is stored as text entries `meta.run.<key>`.
+    `run` (e.g. {"id": ..., "config_hash": ...}) is stored as text entries `meta.run.<key>`; `loss` (the
+    step's logged loss, a float32 value, so stored exactly) as `meta.loss`, so a resume can tell which metrics
+    row is the real one.
     A failed write (a full disk, a kill signal turned into an exception) removes its own temp file.
     """
     import mindspore as ms
@@ -78,6 +80,8 @@ def write_pending(ckpt_dir: str | os.PathLike, net, optimizer=None, *, step: int
     meta: dict[str, Any] = {"meta.step": step, "meta.data_pos": data_pos, "meta.rng_state": ms.get_rng_state()}
     for k, v in (run or {}).items():
         meta[f"meta.run.{k}"] = str(v)
+    if loss is not None:
+        meta["meta.loss"] = float(loss)
     try:
         ms.save_checkpoint(entries, str(tmp), append_dict=meta, crc_check=True)
         with open(tmp, "rb") as f:      # the bytes must be on disk before a rename makes them visible
@@ -180,6 +184,9 @@ def info(params: dict[str, Any]) -> dict[str, Any]:
     def value(v):
         return int(v.asnumpy() if hasattr(v, "asnumpy") else v)
     out = {k: value(params[f"meta.{k}"]) for k in ("step", "data_pos") if f"meta.{k}" in params}
+    if "meta.loss" in params:
+        v = params["meta.loss"]
+        out["loss"] = float(v.asnumpy() if hasattr(v, "asnumpy") else v)
     run = {k[len("meta.run."):]: v for k, v in params.items() if k.startswith("meta.run.")}
     if run:
         out["run"] = run

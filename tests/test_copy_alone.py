@@ -50,6 +50,15 @@ CALLS: dict[str, str] = {
         assert m.to_bfloat16(np.float32([1.0, 70000.0])).tolist() == [1.0, 70144.0]
         assert [r["format"] for r in m.number_formats()] == ["float32", "float16", "bfloat16"]
     """,
+    "train": """
+        m.check_steps(5)
+        try:
+            m.check_steps(m.MAX_STEPS + 1)
+        except ValueError as e:
+            assert "fix:" in str(e)
+        else:
+            raise AssertionError("check_steps accepted MAX_STEPS + 1")
+    """,
     "checkpoint": """
         import numpy as np, os
         assert m.list_checkpoints(os.getcwd()) == [] and m.clean_temp(os.getcwd()) == []
@@ -84,6 +93,7 @@ CALLS: dict[str, str] = {
         from types import SimpleNamespace
         cfg = SimpleNamespace(seq_len=16, steps=2, batch_size=2, grad_accum=1, data="markov", vocab_size=64, seed=0)
         assert m.windows(cfg).shape[1] == 17 and next(m.numpy_batches(cfg)).shape == (2, 17)
+        m.check_fits(cfg); assert m.n_windows_available(cfg) >= 2 and m.data_id(cfg).startswith("markov")
         src = m.MarkovSource(64)
         open("t.txt", "w").write("hello world"); assert len(m.text_tokens("t.txt")) == 11
     """,
@@ -282,7 +292,8 @@ NOT_PLAIN: dict[str, set[str]] = {
     "timing": {"IsolatedResult", "run_isolated", "compare_interleaved"},
     "tuning": {"export_mindir", "load_mindir", "mindir_roundtrip", "TuneResult", "isolated_median_step_s"},
     "train": {"lr_at", "make_optimizer", "make_loss_scaler", "make_train_step", "NonFiniteLoss", "CollapsedRun",
-              "NothingToResume", "RunLocked", "SpikeStorm", "run_lock", "main"},
+              "NothingToResume", "RunLocked", "SpikeStorm", "run_lock", "main",
+              "Preempted", "StopSignal"},     # StopSignal blocks the process's signals: tested through the CLI
 }
 
 # Functions that compose the cookbook's pipeline: the siblings they need (the whole chain), and a cheap

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mshelpers.checkpoint import list_checkpoints, read
+from mshelpers.checkpoint import info, list_checkpoints, read
 from mshelpers.config import RunConfig
 from mshelpers.table import read_csv
 from mshelpers.train import lr_at
@@ -52,6 +52,8 @@ def one_error_line(p, *needles):
     assert p.returncode != 0, p.stderr
     assert lines and lines[-1].startswith("error: "), p.stderr
     assert "Traceback" not in p.stderr and len([l for l in lines if l.startswith("error")]) == 1, p.stderr
+    # one line means one line: MindSpore's own [ERROR]/[CRITICAL] log does not come before it (issue 26)
+    assert not [l for l in lines if "[ERROR]" in l or "[CRITICAL]" in l], p.stderr
     for n in needles:
         assert n in lines[-1], lines[-1]
     return lines[-1]
@@ -96,14 +98,85 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, straight):
     assert losses(tmp_path) == straight          # resumed from step 4 and redid 5..8
 
 
+def files_of(out):
+    """Every file of a run folder and its bytes (the lock file aside: taking the lock writes our pid)."""
+    return {p: p.read_bytes() for p in Path(out).rglob("*") if p.is_file() and p.name != ".lock"}
+
+
 def test_every_checkpoint_corrupt_stops_and_touches_nothing(tmp_path):
     cli(tmp_path, "--steps", "4", "--ckpt-every", "2")
     for c in list_checkpoints(tmp_path / "checkpoints"):
         c.write_bytes(c.read_bytes()[:1000])
-    snapshot = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"}
-    p = resume(tmp_path, "--steps", "8", check=False)
+    snapshot = files_of(tmp_path)
+    # issue 26 F1: with a --set too, config.yaml is not rewritten ("nothing was changed" is true)
+    p = resume(tmp_path, "--steps", "8", "--set", "lr=0.5", "--allow-change", check=False)
     one_error_line(p, "NothingToResume", "nothing was changed")
-    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"} == snapshot
+    assert files_of(tmp_path) == snapshot
+
+
+# ------------------------------------------------------------- issue 26: refused means nothing written
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    """A 2-step run on a text file with a checkpoint every 2 steps (the interval is stored with the run).
+    The data path is relative (run from the folder), so a copy of the folder is a run on its own copy."""
+    root = tmp_path_factory.mktemp("text_run")
+    data = root / "corpus.txt"
+    rng = random.Random(0)
+    data.write_bytes(bytes(rng.randrange(256) for _ in range(40 * 33)))   # 40 windows
+    cli(root / "run", "--steps", "2", "--ckpt-every", "2", "--set", "data=corpus.txt", cwd=root)
+    return root
+
+
+def test_a_refused_resume_leaves_every_file_byte_identical(tmp_path, text_run):
+    """F1, F2, F3, F5: each refusal is one line and leaves config.yaml, metrics.csv and the checkpoints as
+    they were; the next plain resume is the same run (no changed setting, the original lr)."""
+    shutil.copytree(text_run, tmp_path, dirs_exist_ok=True)
+    out, data = tmp_path / "run", tmp_path / "corpus.txt"
+    snapshot = files_of(out)
+    refusals = [
+        (["--steps", "4", "--set", "lr=0.5"], ["--set changes the run's results: lr 0.003 -> 0.5", "--allow-change"]),
+        (["--steps", "1", "--set", "lr=0.5", "--allow-change"], ["steps=1 is fewer than the checkpoint's step 2"]),
+        (["--steps", "100000000"], ["--steps=100000000 is invalid", "1 to 1,000,000"]),
+        (["--steps", "4", "--set", "hidden_size=128", "--allow-change"], ["CorruptCheckpoint", "does not fit"]),
+    ]
+    for args, needles in refusals:
+        one_error_line(resume(out, *args, check=False, cwd=tmp_path), *needles)
+        assert files_of(out) == snapshot, args
+    # a hand edit of config.yaml between runs is refused, naming the field; the file stays as edited
+    (out / "config.yaml").write_text((out / "config.yaml").read_text().replace("lr: 0.003", "lr: 0.3"))
+    edited = files_of(out)
+    one_error_line(resume(out, "--steps", "4", check=False, cwd=tmp_path),
+                   "differs from the settings step_000002.ckpt was trained with", "lr 0.003 -> 0.3",
+                   "--set (lr=0.3) and --allow-change")
+    assert files_of(out) == edited
+    (out / "config.yaml").write_text((out / "config.yaml").read_text().replace("lr: 0.3", "lr: 0.003"))
+    # the data file replaced under the same path (same size, other bytes)
+    original = data.read_bytes()
+    data.write_bytes(bytes(255 - b for b in original))
+    line = one_error_line(resume(out, "--steps", "4", check=False, cwd=tmp_path), "the data 'corpus.txt' changed since",
+                          "--allow-data-change")
+    assert files_of(out) == snapshot, line
+    # the same data back: the plain resume continues the run as it was (F10: the stored interval is used)
+    data.write_bytes(original)
+    p = resume(out, "--steps", "4", cwd=tmp_path)
+    assert "changed settings" not in p.stderr and "checkpoint every 2 steps, as the run was started" in p.stderr
+    assert RunConfig.from_yaml(out / "config.yaml").lr == 0.003 and steps_of(out) == [1, 2, 3, 4]
+    assert [c.name for c in list_checkpoints(out / "checkpoints")] == ["step_000004.ckpt", "step_000002.ckpt"]
+    assert (out / "metrics.csv").read_bytes().startswith(snapshot[out / "metrics.csv"])
+    assert info(read(out / "checkpoints" / "step_000004.ckpt"))["loss"] == read_csv(out / "metrics.csv")[3]["loss"]
+
+
+def test_changed_data_continues_only_when_you_say_so(tmp_path, text_run):
+    """F3: --allow-data-change continues on the new content and says what changed."""
+    shutil.copytree(text_run, tmp_path, dirs_exist_ok=True)
+    out, data = tmp_path / "run", tmp_path / "corpus.txt"
+    data.write_bytes(data.read_bytes()[::-1])
+    p = resume(out, "--steps", "3", "--allow-data-change", cwd=tmp_path)
+    assert "continuing on changed data 'corpus.txt': was file of 1320 bytes sha256 " in p.stderr
+    assert steps_of(out) == [1, 2, 3]
+    run = RunConfig.read_yaml(out / "config.yaml")["run"]
+    assert run["data"] == read(out / "checkpoints" / "step_000003.ckpt")["meta.run.data"] != \
+        read(out / "checkpoints" / "step_000002.ckpt")["meta.run.data"]
 
 
 # ---------------------------------------------------------------------------------------- one writer
@@ -193,6 +266,54 @@ def test_resume_without_metrics_csv_keeps_going_and_says_so(tmp_path):
     assert steps_of(tmp_path) == [5, 6]
 
 
+def _metrics(tmp_path, steps_losses):
+    from mshelpers.train import _MetricsCSV
+    m = _MetricsCSV(tmp_path / "metrics.csv", ["step", "loss"])
+    m.start_fresh()
+    for st, loss in steps_losses:
+        m.append({"step": st, "loss": loss})
+    m.close()
+    return m
+
+
+def test_metrics_rows_that_repeat_or_run_backwards_are_reported_and_dropped(tmp_path):
+    """Issue 26 F8: a well-formed fake row must not win over the run's own row, silently."""
+    m = _metrics(tmp_path, [(1, 5.0), (2, 4.0), (3, 9.9), (3, 3.0), (4, 2.5), (2, 7.0), (5, 2.0)])
+    rows, note = m.keep_upto(4)
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 5.0), (2, 4.0), (3, 9.9), (4, 2.5)]
+    assert ("dropped 2 rows whose step repeats or runs backwards (step 3 at line 5 after step 3; "
+            "step 2 at line 7 after step 4), keeping the first of each") in note
+    # the checkpoint's step: the row whose loss the checkpoint recorded is kept, and that is said
+    m = _metrics(tmp_path, [(1, 5.0), (2, 4.0), (3, 9.9), (3, 3.0), (4, 2.5)])
+    rows, note = m.keep_upto(3, loss=3.0)
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 5.0), (2, 4.0), (3, 3.0)]
+    assert "kept line 5 for step 3 (its loss matches the checkpoint's), dropped line 4" in note
+    assert (tmp_path / "metrics.csv").read_text() == "step,loss\n1,5.0\n2,4.0\n3,3.0\n"
+    rows, note = _metrics(tmp_path, [(1, 5.0), (2, 4.0)]).keep_upto(2, loss=1.0)
+    assert "no row for step 2 has the checkpoint's loss 1.0; kept line 3" in note and len(rows) == 2
+
+
+def test_metrics_csv_deleted_mid_run_is_recreated_from_memory(tmp_path, capsys):
+    """Issue 26 F12: the next write notices the file is gone and re-creates it with every row."""
+    from mshelpers.train import _MetricsCSV
+    csv = tmp_path / "metrics.csv"
+    m = _MetricsCSV(csv, ["step", "loss"])
+    m.start_fresh()
+    rows = []
+    for st in (1, 2, 3):
+        rows.append({"step": st, "loss": 1.0 / st})
+        m.append(rows[-1], rows)
+        if st == 2:
+            csv.unlink()
+    assert "metrics.csv disappeared during the run; re-created it from the 3 rows held in memory (steps 1..3)" \
+        in capsys.readouterr().err
+    rows.append({"step": 4, "loss": 0.25})
+    m.append(rows[-1], rows)
+    csv.unlink()                                   # after the last write: caught when the file is closed
+    m.close(rows)
+    assert csv.read_text() == "step,loss\n1,1.0\n2,0.5\n3,0.3333333333333333\n4,0.25\n"
+
+
 # -------------------------------------------------------------------------------------- step counts
 def test_extending_a_run_stretches_the_lr_schedule_and_says_how(tmp_path):
     cli(tmp_path, "--steps", "4", "--ckpt-every", "2")
@@ -212,6 +333,14 @@ def test_resume_with_fewer_steps_than_the_checkpoint_is_refused(tmp_path):
     assert (tmp_path / "metrics.csv").read_bytes() == before
 
 
+def test_a_finished_run_resumed_says_so_and_touches_nothing(tmp_path, two_step_run):
+    shutil.copytree(two_step_run, tmp_path, dirs_exist_ok=True)
+    before = files_of(tmp_path)
+    p = resume(tmp_path, "--steps", "2")
+    assert "the run is complete" in p.stderr and "step 2 of 2" in p.stderr and "continuing" not in p.stderr
+    assert files_of(tmp_path) == before
+
+
 def test_resume_with_nothing_to_resume_says_so(tmp_path):
     p = cli(tmp_path, "--steps", "2", "--resume")
     assert "nothing to resume" in p.stderr and steps_of(tmp_path) == [1, 2]
@@ -221,7 +350,7 @@ def test_resume_with_nothing_to_resume_says_so(tmp_path):
 def test_a_blow_up_is_never_checkpointed_and_a_saner_lr_resumes(tmp_path):
     cli(tmp_path, "--steps", "2", "--ckpt-every", "1", "--set", "dynamic_loss_scale=false")
     # lr=1e30: step 3's update makes the weights ~1e29 (still finite), so step 4's forward overflows to NaN
-    p = resume(tmp_path, "--steps", "6", "--ckpt-every", "1", "--set", "lr=1e30", check=False)
+    p = resume(tmp_path, "--steps", "6", "--ckpt-every", "1", "--set", "lr=1e30", "--allow-change", check=False)
     one_error_line(p, "NonFiniteLoss", "loss is nan at step 4", "newest checkpoint with finite weights",
                    "step_000002.ckpt")
     assert [c.name for c in list_checkpoints(tmp_path / "checkpoints")][0] == "step_000002.ckpt"
@@ -257,6 +386,10 @@ def test_nonfinite_with_dynamic_loss_scale_is_skipped_and_counted(tmp_path):
     (["--set", "grad_clip=nan"], "RunConfig.grad_clip=nan is invalid"),
     (["--set", "weight_decay=nan"], "RunConfig.weight_decay=nan is invalid"),
     (["--steps", "x"], "argument --steps: invalid int value"),
+    # issue 26 F5, F11: bounds before work
+    (["--steps", "99999999999999999999999"], "--steps=99999999999999999999999 is invalid; fix: pass an integer "
+                                             "from 1 to 1,000,000"),
+    (["--set", "batch_size=70000"], "batch_size=70000 needs 70000 sequences per step, but data='markov' holds 60600"),
 ])
 def test_bad_cli_arguments_get_one_clear_error(tmp_path, args, needle):
     out = tmp_path / "run"
@@ -393,3 +526,37 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, straig
     assert steps_of(tmp_path) == list(range(1, 9))
     assert losses(tmp_path) == straight
     assert not temp_files(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------ preemption
+def test_sigterm_at_a_random_moment_saves_and_resume_loses_no_completed_step(tmp_path, straight):
+    """Issue 26 F9: a scheduler's SIGTERM mid-training saves the last completed step (no --ckpt-every),
+    prints one line saying where and exits 143; --resume continues at the next step, bitwise."""
+    rng = random.Random()
+    csv = tmp_path / "metrics.csv"
+    for attempt in range(4):
+        proc = subprocess.Popen([sys.executable, "-m", "mshelpers.train", *BASE, "--out", str(tmp_path),
+                                 "--steps", "8", "--overwrite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and \
+                not (csv.exists() and len(csv.read_bytes().splitlines()) >= 2):   # step 1 written: training
+            time.sleep(0.002)
+        delay = rng.uniform(0, 0.08 / (attempt + 1))          # the 8 steps take ~0.1-0.2 s here
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+        if proc.returncode == 0:                                # finished before the signal: try sooner
+            continue
+        assert proc.returncode == 143, err
+        line = one_error_line(subprocess.CompletedProcess([], 143, out, err), "Preempted: SIGTERM after step")
+        done = steps_of(tmp_path)
+        k = done[-1]
+        assert done == list(range(1, k + 1)) and f"step_{k:06d}.ckpt (step {k})" in line, (delay, line)
+        assert read(list_checkpoints(tmp_path / "checkpoints")[0])["meta.step"] == k
+        p = resume(tmp_path, "--steps", "8")
+        assert f"(step {k}, data position {k}); continuing at step {k + 1} of 8" in p.stderr, p.stderr
+        assert steps_of(tmp_path) == list(range(1, 9)) and losses(tmp_path) == straight, delay
+        assert not temp_files(tmp_path)
+        return
+    pytest.fail("the run finished before every SIGTERM; nothing was tested")
