@@ -30,11 +30,11 @@ cookbook: $(STAMP)
 test: unit nbval
 
 unit: $(STAMP)
-	$(BIN)/pytest -q tests --ignore=tests/e2e
+	$(BIN)/pytest -q --durations=25 tests --ignore=tests/e2e
 	$(BIN)/pytest -q --doctest-modules mshelpers -rs
 
 nbval: $(STAMP)
-	$(BIN)/pytest -q --nbval-lax --nbval-cell-timeout=900 --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
+	$(BIN)/pytest -q --durations=15 --nbval-lax --nbval-cell-timeout=900 --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
 
 # The browser suite: JupyterLab and MindInsight driven in headless Chromium; screenshots go to build/e2e/.
 # `timeout -s INT` is a last resort against a hang: SIGINT still lets pytest stop every server it started.
