@@ -5,6 +5,9 @@
 
 Each step is timed in two parts on every rank, both synchronised with `.asnumpy()`:
   compute_s  forward + backward of this rank's shard (a jitted `value_and_grad`): the rank's own work;
+  compute_cpu_s  the same span in CPU seconds of this process (`time.process_time`, all its threads): the
+             rank's own work without the time the OS gave to other processes, which on a shared CPU host
+             (2 ranks and everything else on 2 cores) moves a short step's wall time by tens of percent;
   sync_s     gradient all-reduce (`nn.DistributedGradReducer`, averaged) + AdamW update: it ends
              when the slowest rank has sent its gradients, so a fast rank waits here for a slow one.
 step_s = compute_s + sync_s. In synchronous data parallelism every rank's step_s follows the
@@ -72,18 +75,20 @@ def main() -> None:
     done = 0
     for phase in ("clean", "slowed"):
         repeat = args.slow_factor if phase == "slowed" and rank == args.slow_rank else 1
-        rows = {"compute_s": [], "sync_s": [], "step_s": [], "loss": []}
+        rows = {"compute_s": [], "compute_cpu_s": [], "sync_s": [], "step_s": [], "loss": []}
         for i in range(args.warmup + args.steps):
             x = ms.Tensor(next(batches), ms.int32)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(repeat):
                 loss, grads = compute(x)
                 loss.asnumpy()
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             sync(grads).asnumpy()
-            t2 = time.perf_counter()
+            ms.runtime.synchronize()   # the update too: its value is not what .asnumpy() waited for, and an update
+            t2 = time.perf_counter()   # still running would be counted in the next step's compute
             if i >= args.warmup:
                 rows["compute_s"].append(t1 - t0)
+                rows["compute_cpu_s"].append(c1 - c0)
                 rows["sync_s"].append(t2 - t1)
                 rows["step_s"].append(t2 - t0)
                 rows["loss"].append(float(loss.asnumpy()))
