@@ -529,9 +529,11 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, straig
 
 
 # ------------------------------------------------------------------------------------------ preemption
-def test_sigterm_at_a_random_moment_saves_and_resume_loses_no_completed_step(tmp_path, straight):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_at_a_random_moment_saves_and_resume_loses_no_completed_step(tmp_path, straight, sig):
     """Issue 26 F9: a scheduler's SIGTERM mid-training saves the last completed step (no --ckpt-every),
-    prints one line saying where and exits 143; --resume continues at the next step, bitwise."""
+    prints one line saying where and exits 143; --resume continues at the next step, bitwise.
+    SIGINT (Ctrl-C) the same with exit 130: MindSpore's SignalGuard would turn it into a SIGTERM."""
     rng = random.Random()
     csv = tmp_path / "metrics.csv"
     for attempt in range(4):
@@ -544,16 +546,18 @@ def test_sigterm_at_a_random_moment_saves_and_resume_loses_no_completed_step(tmp
             time.sleep(0.002)
         delay = rng.uniform(0, 0.08 / (attempt + 1))          # the 8 steps take ~0.1-0.2 s here
         time.sleep(delay)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
         if proc.returncode == 0:                                # finished before the signal: try sooner
             continue
-        assert proc.returncode == 143, err
-        line = one_error_line(subprocess.CompletedProcess([], 143, out, err), "Preempted: SIGTERM after step")
+        assert proc.returncode == 128 + sig, err
+        line = one_error_line(subprocess.CompletedProcess([], 128 + sig, out, err), f"Preempted: {sig.name} after step")
         done = steps_of(tmp_path)
         k = done[-1]
         assert done == list(range(1, k + 1)) and f"step_{k:06d}.ckpt (step {k})" in line, (delay, line)
         assert read(list_checkpoints(tmp_path / "checkpoints")[0])["meta.step"] == k
+        if sig == signal.SIGINT:                                # the resume path is the same as for SIGTERM
+            return
         p = resume(tmp_path, "--steps", "8")
         assert f"(step {k}, data position {k}); continuing at step {k + 1} of 8" in p.stderr, p.stderr
         assert steps_of(tmp_path) == list(range(1, 9)) and losses(tmp_path) == straight, delay
