@@ -232,15 +232,20 @@ def test_resume_never_continues_another_runs_checkpoints(tmp_path):
     cli(run, "--steps", "2", "--ckpt-every", "2")
     # a stray checkpoint of another run, newer than ours, lands in our folder
     shutil.copy(other / "checkpoints" / "step_000006.ckpt", run / "checkpoints" / "step_000006.ckpt")
-    p = resume(run, "--steps", "4", "--ckpt-every", "2")
+    theirs = (run / "checkpoints" / "step_000006.ckpt").read_bytes()
+    other_id = RunConfig.read_yaml(other / "config.yaml")["run"]["id"]
+    # our run reaches step 6 too (issue 26 F7): their file is moved aside, kept, and that is said
+    p = resume(run, "--steps", "6", "--ckpt-every", "2")
     assert "step_000006.ckpt belongs to run" in p.stderr and "(step 2," in p.stderr
-    assert steps_of(run) == [1, 2, 3, 4]
-    assert (run / "checkpoints" / "step_000006.ckpt").exists()          # not ours: never pruned
+    assert f"step_000006.ckpt belongs to run {other_id}; moved it to" in p.stderr
+    assert steps_of(run) == [1, 2, 3, 4, 5, 6]
+    assert (run / "checkpoints" / "foreign" / "step_000006.ckpt").read_bytes() == theirs   # kept, never pruned
     ident = RunConfig.read_yaml(run / "config.yaml")["run"]["id"]
-    assert read(run / "checkpoints" / "step_000004.ckpt")["meta.run.id"] == ident
+    assert read(run / "checkpoints" / "step_000006.ckpt")["meta.run.id"] == ident
     # only the foreign checkpoint left: nothing of ours to resume
-    for c in list_checkpoints(run / "checkpoints")[1:]:
+    for c in list_checkpoints(run / "checkpoints"):
         c.unlink()
+    os.replace(run / "checkpoints" / "foreign" / "step_000006.ckpt", run / "checkpoints" / "step_000006.ckpt")
     one_error_line(resume(run, "--steps", "8", check=False), "NothingToResume")
 
 
