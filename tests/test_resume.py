@@ -263,12 +263,12 @@ def test_a_torn_last_metrics_line_is_repaired(tmp_path, straight):
     assert steps_of(tmp_path) == list(range(1, 9)) and losses(tmp_path) == straight
 
 
-def test_resume_without_metrics_csv_keeps_going_and_says_so(tmp_path):
-    cli(tmp_path, "--steps", "4", "--ckpt-every", "2")
+def test_resume_without_metrics_csv_keeps_going_and_says_so(tmp_path, two_step_run):
+    shutil.copytree(two_step_run, tmp_path, dirs_exist_ok=True)     # a run of 2 steps, a checkpoint at 2
     (tmp_path / "metrics.csv").unlink()
-    p = resume(tmp_path, "--steps", "6", "--ckpt-every", "2")
-    assert "no rows for 4 of steps 1..4" in p.stderr and "done: 2 steps" in p.stdout
-    assert steps_of(tmp_path) == [5, 6]
+    p = resume(tmp_path, "--steps", "4", "--ckpt-every", "2")
+    assert "no rows for 2 of steps 1..2" in p.stderr and "done: 2 steps" in p.stdout
+    assert steps_of(tmp_path) == [3, 4]
 
 
 def _metrics(tmp_path, steps_losses):
@@ -331,11 +331,11 @@ def test_extending_a_run_stretches_the_lr_schedule_and_says_how(tmp_path):
     assert [r["lr"] for r in rows[4:]] == pytest.approx([lr_at(cfg, s) for s in range(5, 13)])
 
 
-def test_resume_with_fewer_steps_than_the_checkpoint_is_refused(tmp_path):
-    cli(tmp_path, "--steps", "8", "--ckpt-every", "4")
-    before = (tmp_path / "metrics.csv").read_bytes()
-    one_error_line(resume(tmp_path, "--steps", "5", check=False), "steps=5 is fewer than the checkpoint's step 8")
-    assert (tmp_path / "metrics.csv").read_bytes() == before
+def test_resume_with_fewer_steps_than_the_checkpoint_is_refused(tmp_path, two_step_run):
+    shutil.copytree(two_step_run, tmp_path, dirs_exist_ok=True)     # a run of 2 steps, a checkpoint at 2
+    before = files_of(tmp_path)
+    one_error_line(resume(tmp_path, "--steps", "1", check=False), "steps=1 is fewer than the checkpoint's step 2")
+    assert files_of(tmp_path) == before
 
 
 def test_a_finished_run_resumed_says_so_and_touches_nothing(tmp_path, two_step_run):
@@ -494,8 +494,8 @@ def test_a_full_disk_is_one_line_leaves_no_temp_file_and_loses_nothing(tmp_path)
 
 
 # ------------------------------------------------------------------------------------ fault injection
-def test_stale_temp_files_are_removed_at_start_up(tmp_path):
-    cli(tmp_path, "--steps", "2", "--ckpt-every", "2")
+def test_stale_temp_files_are_removed_at_start_up(tmp_path, two_step_run):
+    shutil.copytree(two_step_run, tmp_path, dirs_exist_ok=True)     # a run of 2 steps, a checkpoint at 2
     planted = [tmp_path / "checkpoints" / ".tmp-999-step_999999.ckpt", tmp_path / ".tmp-999-metrics.csv"]
     for t in planted:
         t.write_bytes(b"half a file")
