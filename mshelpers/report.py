@@ -124,7 +124,7 @@ def claim_timing(base_name: str, base: Sequence[float], cand_name: str, cand: Se
         ✓ O1 is faster than O0: median 81 ms (80–82) against 102 ms (100–104), ratio 0.794  [verdict=win, expected=win]
         'win'
     """
-    if not base or not cand:
+    if len(base) == 0 or len(cand) == 0:     # len, not truth: numpy arrays are welcome
         raise ValueError("claim_timing: base and cand need at least one value each; fix: run more rounds")
     if expect not in (None, *TIMING_SENTENCES):
         raise ValueError(f"claim_timing: expect={expect!r} is invalid; fix: use one of {list(TIMING_SENTENCES)}")

@@ -165,6 +165,9 @@ CALLS: dict[str, str] = {
         os.environ["MSHELPERS_PEAK_CACHE"] = "peak.json"
         import json; json.dump({m._peak_key("float32")[2]: {"flops": 1e11}}, open("peak.json", "w"))
         assert m.peak_flops() == 1e11          # the cached measurement, no new one
+        assert m.max_clock_mhz()[0] > 0
+        assert m.hardware_peak_flops() >= 1e11                 # never below the measured peak
+        assert abs(m.share_of_achievable(np.float32(1000), np.int64(10**5), 1) - 1e8 / 1e11) < 1e-12
     """,
     "model": """
         from types import SimpleNamespace
@@ -226,6 +229,14 @@ CALLS: dict[str, str] = {
         assert m.write_report("out", "t", [("s", "text", None)])
         table = [{"name": "base"}, {"name": "graph", "tokens/s verdict": "win"}]
         assert m.choose_stack(table, {"speed": ["tokens/s"]}, "base") == (["graph"], {})
+        assert m.claim("equal {x}", np.float32(1.0) == 1.0, x=np.float64(1.0)) == "equal 1"
+        try:
+            m.claim("fits", np.bool_(False), used=np.int64(3))
+            raise AssertionError("a false claim must raise")
+        except m.ClaimFailed:
+            pass
+        assert m.claim_trained("run", np.array([6.9, 4.2]))
+        assert m.claim_timing("a", np.array([10.0, 11.0]), "b", [5.0, 5.5]) == "win"
     """,
     "smalllm": """
         import mindspore as ms, numpy as np
