@@ -171,3 +171,65 @@ def test_improved_yaml_loads_in_mindformers_classes(tmp_path, capsys):
     assert got["parallel_config"].data_parallel == best.dp and got["parallel_config"].model_parallel == best.mp
     assert got["parallel_config"].pipeline_stage == best.pp
     assert got["model_config"].num_layers == 40 and got["config"].runner_config.batch_size == best.batch
+
+
+# ---------------------------------------------------------------- the CPU check (issue 25, item 7): fast terms only;
+# the measurement itself runs in notebook 12 (section 6), under nbval.
+_AB = (2e-3, 100e6)           # an all-reduce alpha-beta pair: 2 ms + S / (100 MB/s)
+
+
+def test_mini_config_is_the_cookbook_mini_model():
+    c = D.mini_config()
+    assert (c.hidden, c.layers, c.heads, c.ffn, c.vocab, c.seq) == (256, 4, 4, 688, 1024, 128)
+    assert D.param_count(c) == 3_688_704 and c.batch == 8 and c.dp == 1 and c.full_recompute == (0,)
+    two = D.mini_config(dp=2, recompute="full")
+    assert two.batch == 4 and two.dp == 2 and two.global_batch == 8 and two.full_recompute == (4,)
+
+
+def test_cpu_prediction_terms():
+    hw1, hw2 = D.cpu_hardware(1, peak=60e9, cores=2), D.cpu_hardware(2, alpha_beta=_AB, peak=60e9, cores=2)
+    assert hw1.peak("float32") == 60e9 and hw2.peak("float32") == 30e9     # 2 ranks on 2 cores: half each
+    cal = D.Calibration(0.8, 1.0)
+    st = {(dp, rc): D.step_time(D.mini_config(dp=dp, recompute=rc), hw1 if dp == 1 else hw2, cal)
+          for dp in (1, 2) for rc in ("none", "full")}
+    c = D.mini_config()
+    layer_fwd = sum(D._op_flops(c).values())
+    fwd = c.layers * layer_fwd + 2 * c.vocab * c.hidden
+    tokens = c.batch * c.seq
+    assert st[1, "none"]["compute_s"] == pytest.approx(tokens * 3 * fwd / (60e9 * 0.8))
+    # full recompute: one more forward of every layer (not of the lm_head)
+    assert st[1, "full"]["compute_s"] / st[1, "none"]["compute_s"] == pytest.approx((3 * fwd + c.layers * layer_fwd) / (3 * fwd))
+    # half the tokens per rank at half the peak: the same compute time as one process
+    assert st[2, "none"]["compute_s"] == pytest.approx(st[1, "none"]["compute_s"])
+    # the gradient all-reduce: alpha + S/beta over the fp32 gradients, not hidden behind the backward
+    S = D.param_count(c) * 4
+    for rc in ("none", "full"):
+        assert st[2, rc]["dp_s"] == pytest.approx(_AB[0] + S / _AB[1]) and st[2, rc]["dp_hidden_s"] == 0
+        assert st[1, rc]["dp_s"] == 0
+    # the Ascend profiles still hide the reduction behind the backward
+    assert D.step_time(D.read_config(Y7), D.hardware("atlas-800t-a2"))["dp_hidden_s"] > 0
+
+
+def test_cpu_calibration_reproduces_its_fit_run_and_names_it():
+    hw1, hw2 = D.cpu_hardware(1, peak=60e9, cores=2), D.cpu_hardware(2, alpha_beta=_AB, peak=60e9, cores=2)
+    cal = D.fit_cpu_calibration(0.5, D.mini_config(), hw1)
+    assert cal.fitted_on == ("single none",) and 0 < cal.compute_efficiency < 1
+    rows = D.predict_cpu(cal, {"single": hw1, "2 ranks": hw2})
+    assert [(r["run"], r["recompute"], r["role"]) for r in rows] == [
+        ("single", "none", "fit"), ("single", "full", "check"), ("2 ranks", "none", "check"), ("2 ranks", "full", "check")]
+    assert rows[0]["predicted_s"] == pytest.approx(0.5)
+    assert rows[0]["predicted_s"] < rows[1]["predicted_s"] < rows[3]["predicted_s"] and rows[0]["predicted_s"] < rows[2]["predicted_s"]
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda: D.cpu_hardware(2, peak=60e9), "alpha_beta"),
+    (lambda: D.cpu_hardware(0, peak=60e9), "ranks"),
+    (lambda: D.cpu_hardware(2, alpha_beta=(1e-3, -5.0), peak=60e9), "alpha_beta"),
+    (lambda: D.mini_config(dp=3), "run.batch_size"),
+    (lambda: D.mini_config(recompute="some"), "run.recompute"),
+    (lambda: D.fit_cpu_calibration(0.0, D.mini_config(), D.cpu_hardware(1, peak=60e9)), "measured_s"),
+])
+def test_cpu_check_bad_input_is_one_line(call, field):
+    with pytest.raises(D.DoctorError) as e:
+        call()
+    assert e.value.field == field and "\n" not in str(e.value) and "fix:" in str(e.value)
