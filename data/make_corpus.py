@@ -1,4 +1,7 @@
-"""Regenerate the committed synthetic corpus: python data/make_corpus.py [--vocab 1024] [--seed 0] [--tokens 200000]
+"""Regenerate a committed synthetic corpus: python data/make_corpus.py [--vocab 1024] [--seed 0] [--tokens 200000]
+
+Two are committed: --vocab 1024 (the mini preset) and --vocab 256 (tiny, which the CLI tests start ~60 times:
+generating it costs about 1 s per process).
 
 The file is a cache: mshelpers.data generates the same tokens when it is missing,
 and tests/test_data.py checks that the committed file matches the generator.

@@ -44,7 +44,7 @@ def plain_run(mlp, tmp_path_factory):
 @pytest.fixture(scope="module")
 def slow_data_run(mlp, tmp_path_factory):
     def slow_batch():
-        time.sleep(0.05)          # a data loader far slower than the ~1 ms step
+        time.sleep(0.2)           # a data loader far slower than the ~1 ms step (50 ms under load)
         return None
     return P.profile_steps(mlp, wait=0, warmup=1, active=3, data_fn=slow_batch,
                            output_dir=tmp_path_factory.mktemp("slow"))
