@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 
-.PHONY: venv cookbook test unit nbval e2e chromium lab bench bench-pytorch mutate clean
+.PHONY: venv cookbook outputs test unit nbval e2e chromium lab bench bench-pytorch mutate clean
 venv: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
@@ -26,6 +26,18 @@ cookbook: $(STAMP)
 	@echo; echo "Executed notebooks: $(CURDIR)/build/notebooks/"
 	@echo "Run CSVs:           $(CURDIR)/build/runs/"
 	@test ! -e build/report/report.html || echo "Evaluation report:  $(CURDIR)/build/report/report.html"
+
+# Re-execute notebooks in place and tidy their outputs, for committing (one at a time: they time things).
+#   make outputs                      every notebook;   make outputs NB='notebooks/09_*.ipynb'   some
+NB ?= $(NOTEBOOKS)
+outputs: $(STAMP)
+	@for nb in $(NB); do \
+	  s=$$(date +%s); \
+	  $(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=900 "$$nb" || exit 1; \
+	  echo "$$nb: $$(( $$(date +%s) - s )) s"; \
+	done
+	$(BIN)/python tests/tidy_outputs.py $(NB)
+	$(BIN)/pytest -q -p no:cacheprovider tests/test_notebook_outputs.py
 
 test: unit nbval
 
