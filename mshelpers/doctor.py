@@ -1144,11 +1144,14 @@ def predict_cpu(calib: Calibration, hws: dict, run: Any = None) -> list[dict]:
 
 
 def measure_cpu_steps(recomputes: tuple = ("none", "full"), steps: int = 8, *, world: int = 1, rank: int = 0,
-                      run: Any = None, progress: Any = None) -> dict:
+                      run: Any = None, progress: Any = None, keep: dict | None = None) -> dict:
     """Graph-mode step times of the mini model on this rank, one model per recompute setting, their steps
     alternated (ABAB, then BABA...) so that load drifts hit both alike. The step is the DP worker's Cell
     (`workers/dp_train.py`: value_and_grad, all-reduce mean over `world` ranks, clip, AdamW) with the same
-    data shards; step 1 of each includes its compile. Returns {recompute: [seconds per step]}, losses too."""
+    data shards; the first step of each model includes its compile. Returns {"times": {recompute: [seconds
+    per step]}, "losses": ...}. `keep`: a dict that holds the built steps, so a second call with the same
+    dict continues them (no new compile), e.g. to measure before and after another run."""
+    import time
     import mindspore as ms
     from mindspore import nn
     RunConfig = _sibling("config", "RunConfig")
@@ -1157,8 +1160,10 @@ def measure_cpu_steps(recomputes: tuple = ("none", "full"), steps: int = 8, *, w
     numpy_batches = _sibling("data", "numpy_batches")
     DPStep = _sibling("workers.dp_train", "_dp_step_class")()
     run = run or RunConfig.preset("mini")
-    made = {}
+    made = keep if keep is not None else {}
     for rc in recomputes:
+        if rc in made:
+            continue
         cfg = run.replace(mode="graph", dp=world, recompute=rc)
         ms.set_seed(cfg.seed)
         net = build_model(cfg)
@@ -1172,7 +1177,6 @@ def measure_cpu_steps(recomputes: tuple = ("none", "full"), steps: int = 8, *, w
         for rc in (recomputes if i % 2 == 0 else recomputes[::-1]):
             step, batches = made[rc]
             x = ms.Tensor(next(batches), ms.int32)
-            import time
             t0 = time.perf_counter()
             loss, _ = step(x)
             losses[rc].append(float(loss.asnumpy()))
