@@ -36,6 +36,11 @@ docs/model_cards/llama2.md); `calibration_table()` reports the error on every ot
 PUBLISHED, none of which the fit saw. The peak, bandwidths and HBM figures are not fitted: they come from
 Huawei's Ascend/msmodeling device profiles (tensor_cast/device.py), cited in HARDWARE.
 
+Checked on this CPU (notebook 12, section 6): `mini_config` (the cookbook's mini model as a Config),
+`cpu_hardware(ranks, alpha_beta=...)` (the measured MatMul peak, split over the ranks sharing the cores; the
+all-reduce from a measured alpha-beta fit; no overlap), `fit_cpu_calibration` on CPU_FIT_SET only, `predict_cpu`
+for CPU_CHECK_SET, and `measure_cpu_steps` (also run per rank as `msrun ... doctor.py --cpu-check-worker`).
+
 What the model leaves out: kernel efficiency that varies with shape, fine_grain_interleave and
 micro_batch_interleave_num overlap (not modelled), offsets other than the YAML's, data loading, host
 launch overhead, contention. It ranks layouts and says how far off it was on published configs; measure.
