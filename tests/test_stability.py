@@ -80,23 +80,30 @@ def cli(out, data, *args):
     return p.stdout + p.stderr
 
 
-def test_guard_rolls_back_on_poison_and_never_on_clean_data(tmp_path, corpora):
-    poisoned = cli(tmp_path / "p", corpora["poisoned"], "--steps", str(STEPS))
+@pytest.fixture(scope="module")
+def poisoned_run(tmp_path_factory, corpora):
+    """One straight guarded run over the poisoned corpus (checkpoints every 20 steps), shared by two tests."""
+    out = tmp_path_factory.mktemp("poisoned") / "s"
+    return out, cli(out, corpora["poisoned"], "--steps", str(STEPS), "--ckpt-every", "20")
+
+
+def test_guard_rolls_back_on_poison_and_never_on_clean_data(tmp_path, corpora, poisoned_run):
+    out, poisoned = poisoned_run
     clean = cli(tmp_path / "c", corpora["clean"], "--steps", str(STEPS))
     assert poisoned.count("rolled back step") >= 1
     assert "rolled back" not in clean
-    rows = read_csv(tmp_path / "p" / "metrics.csv")
+    rows = read_csv(out / "metrics.csv")
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))          # every step once, redone ones marked
     assert sum(r["spike"] for r in rows) == poisoned.count("rolled back step")
     assert not any(r["spike"] for r in read_csv(tmp_path / "c" / "metrics.csv"))
 
 
-def test_rollback_then_resume_is_deterministic(tmp_path, corpora):
-    straight = cli(tmp_path / "s", corpora["poisoned"], "--steps", str(STEPS), "--ckpt-every", "20")
+def test_rollback_then_resume_is_deterministic(tmp_path, corpora, poisoned_run):
+    s_out, straight = poisoned_run
     # the first half is planned for the whole run (its lr schedule has STEPS entries), then stops half-way
     cli(tmp_path / "r", corpora["poisoned"], "--set", f"steps={STEPS}", "--steps", str(STEPS // 2), "--ckpt-every", "20")
     resumed = cli(tmp_path / "r", corpora["poisoned"], "--steps", str(STEPS), "--ckpt-every", "20", "--resume")
-    a, b = read_csv(tmp_path / "s" / "metrics.csv"), read_csv(tmp_path / "r" / "metrics.csv")
+    a, b = read_csv(s_out / "metrics.csv"), read_csv(tmp_path / "r" / "metrics.csv")
     assert [r["loss"] for r in a] == [r["loss"] for r in b] and [r["spike"] for r in a] == [r["spike"] for r in b]
     skipped = lambda out: out.split("skipped data positions ")[-1].split("]")[0]
     assert "rolled back step" in straight and skipped(straight) == skipped(resumed)
