@@ -229,3 +229,54 @@ def test_another_runs_file_at_our_name_is_moved_aside_not_overwritten(tmp_path, 
     assert "belongs to run theirs; moved it to" in capsys.readouterr().err
     checkpoint.save(tmp_path, net, opt, step=6, data_pos=6, run={"id": "ours"})   # our own: replaced, no note
     assert "moved" not in capsys.readouterr().err and len(list((tmp_path / "foreign").iterdir())) == 1
+
+
+def test_the_missing_key_hint_names_the_prefix_its_side_and_the_fix():
+    # a net key longer than the checkpoint's: the prefix is on the net side
+    assert checkpoint._nearest("net.weight", ["weight", "bias"]) == (
+        "the checkpoint has 'weight': the names differ by the prefix 'net.' on the net side; fix: load into the cell "
+        "the checkpoint was saved from, or rename keys ({k.removeprefix('net.'): v} or {'net.' + k: v}) before "
+        "load_param_into_net")
+    # the checkpoint's key is the longer one: the prefix is on the checkpoint side
+    assert checkpoint._nearest("weight", ["bias", "body.weight"]).startswith(
+        "the checkpoint has 'body.weight': the names differ by the prefix 'body.' on the checkpoint side; fix: ")
+    # no prefix relation: the closest key, or only the fix
+    assert checkpoint._nearest("layer.wq", ["layer.wk", "zzz"]) == (
+        "nearest checkpoint key: 'layer.wk'; fix: resume with the config and model that wrote it")
+    assert checkpoint._nearest("abc", ["xyz1234"]) == "fix: resume with the config and model that wrote it"
+    assert checkpoint._nearest("abcd", ["abXY"]).startswith("nearest checkpoint key: 'abXY'")   # ratio 0.5: kept
+    assert checkpoint._nearest("q", ["a.qq"]) == "fix: resume with the config and model that wrote it"   # 0.4 < 0.5
+
+
+def test_a_second_foreign_file_at_the_same_name_is_kept_beside_the_first(tmp_path, capsys):
+    net, opt, _ = make()
+    kept = []
+    for who in ("a", "b"):
+        kept.append(checkpoint.save(tmp_path, net, opt, step=6, data_pos=6, run={"id": who}).read_bytes())
+    ours = checkpoint.save(tmp_path, net, opt, step=6, data_pos=6, run={"id": "ours"})
+    assert checkpoint.read(ours)["meta.run.id"] == "ours"
+    assert (tmp_path / "foreign" / "step_000006.ckpt").read_bytes() == kept[0]
+    assert (tmp_path / "foreign" / "step_000006.1.ckpt").read_bytes() == kept[1]
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'step_000006.ckpt'} belongs to run b; moved it to {tmp_path / 'foreign' / 'step_000006.1.ckpt'} (kept) before writing ours" in err
+
+
+def test_clean_temp_removes_only_leftover_temp_files(tmp_path):
+    assert checkpoint.clean_temp(tmp_path / "missing") == []            # no folder: nothing to do, no error
+    net, opt, _ = make()
+    good = checkpoint.save(tmp_path, net, opt, step=2, data_pos=2)
+    left = [tmp_path / f"{checkpoint.TMP_PREFIX}123-step_000004.ckpt", tmp_path / f"{checkpoint.TMP_PREFIX}9"]
+    for p in left:
+        p.write_bytes(b"half a write")
+    (tmp_path / "notes.tmp-").write_text("not ours")                    # the prefix must lead the name
+    assert sorted(checkpoint.clean_temp(tmp_path)) == sorted(left)
+    assert not any(p.exists() for p in left) and good.exists() and (tmp_path / "notes.tmp-").exists()
+    assert checkpoint.clean_temp(tmp_path) == []
+
+
+def test_nonfinite_params_names_float_entries_with_nan_or_inf():
+    params = {"w": np.array([1.0, np.nan], np.float32), "b": np.array([np.inf], np.float64),
+              "ok": np.zeros(3, np.float32), "steps": np.array([2**31 - 1], np.int32),
+              "meta.note": np.array([np.nan]), "name": "text", "p": ms.Parameter(ms.Tensor([1.0, -np.inf], ms.float32))}
+    assert checkpoint.nonfinite_params(params) == ["w", "b", "p"]
+    assert checkpoint.nonfinite_params({"ok": ms.Tensor([0.5], ms.float16)}) == []
