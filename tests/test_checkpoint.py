@@ -280,3 +280,69 @@ def test_nonfinite_params_names_float_entries_with_nan_or_inf():
               "meta.note": np.array([np.nan]), "name": "text", "p": ms.Parameter(ms.Tensor([1.0, -np.inf], ms.float32))}
     assert checkpoint.nonfinite_params(params) == ["w", "b", "p"]
     assert checkpoint.nonfinite_params({"ok": ms.Tensor([0.5], ms.float16)}) == []
+
+
+class _Wrap(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Dense(4, 3)
+
+
+class _Named(nn.Cell):
+    """A cell whose parameters have the given names (and shape (1,))."""
+    def __init__(self, *names):
+        super().__init__()
+        for i, n in enumerate(names):
+            setattr(self, f"p{i}", ms.Parameter(ms.Tensor([1.0], ms.float32), name=n))
+
+
+def test_load_is_strict_and_names_the_first_missing_key_with_its_own_hint(tmp_path):
+    p = checkpoint.save(tmp_path, _Wrap(), step=1, data_pos=1)          # keys net.weight, net.bias
+    with pytest.raises(checkpoint.CorruptCheckpoint) as e:               # a loose load would take them
+        checkpoint.load(p, nn.Dense(4, 3))
+    assert (f"checkpoint {p} lacks 2 parameters of Dense, e.g. 'weight'; the checkpoint has 'net.weight': the names "
+            "differ by the prefix 'net.' on the checkpoint side") in str(e.value)
+
+
+def test_the_checkpoints_own_entries_are_never_offered_as_a_parameter(tmp_path):
+    net, opt, sc = make()
+    p = checkpoint.save(tmp_path, net, opt, step=1, data_pos=1, loss_scaler=sc)  # has meta.step, loss_scaler.counter
+    for name in ("step", "counter"):
+        with pytest.raises(checkpoint.CorruptCheckpoint) as e:
+            checkpoint.load(p, _Named(name))
+        msg = str(e.value)
+        assert f"lacks 1 parameters of _Named, e.g. {name!r}; " in msg and msg.endswith("fix: resume with the config "
+                                                                                      "and model that wrote it")
+        assert "meta." not in msg and "loss_scaler." not in msg        # not "the checkpoint has 'meta.step'"
+    # a net parameter in the checkpoint's own namespaces is not asked for
+    with pytest.raises(checkpoint.CorruptCheckpoint, match="lacks 1 parameters of _Named, e.g. 'x'; "):
+        checkpoint.load(p, _Named("meta.extra", "loss_scaler.extra", "x"))
+
+
+def test_ignored_entries_are_left_out_even_when_absent(tmp_path):
+    def adam(n):
+        net = nn.Dense(4, 3)
+        return net, nn.AdamWeightDecay(net.trainable_params(), ms.Tensor(np.linspace(1e-3, 1e-4, n).astype(np.float32)))
+    p = checkpoint.save(tmp_path, *adam(5), step=1, data_pos=1)           # a 5-step learning-rate table
+    net, opt = adam(9)                                                     # the run extended to 9 steps
+    with pytest.raises(checkpoint.CorruptCheckpoint) as e:
+        checkpoint.load(p, net, opt)
+    msg = str(e.value)
+    assert msg.startswith(f"checkpoint {p} does not fit this AdamWeightDecay: For 'load_param_into_net', learning_rate")
+    detail = msg.split("AdamWeightDecay: ", 1)[1].rsplit("; fix: resume with the config that wrote it (same model)", 1)[0]
+    assert len(detail) == 300                        # MindSpore's first line, cut to 300 characters
+    want = checkpoint.read(p)["weight"].asnumpy()
+    assert checkpoint.load(p, net, opt, ignore=("learning_rate", "not_in_the_file"))["step"] == 1
+    np.testing.assert_array_equal(net.weight.asnumpy(), want)
+
+
+def test_the_loss_scalers_counter_comes_back_and_a_static_scaler_takes_only_its_scale(tmp_path):
+    net, opt, sc = make()
+    sc.counter.set_data(ms.Tensor(17, sc.counter.dtype))
+    p = checkpoint.save(tmp_path, net, opt, step=1, data_pos=1, loss_scaler=sc)
+    sc.counter.set_data(ms.Tensor(0, sc.counter.dtype))
+    checkpoint.load(p, net, opt, sc)
+    assert int(sc.counter.asnumpy()) == 17
+    static = amp.StaticLossScaler(8.0)                 # no counter attribute: nothing to restore into
+    checkpoint.load(p, net, opt, static)
+    assert float(static.scale_value.asnumpy()) == 1024.0
