@@ -248,17 +248,17 @@ def test_the_missing_key_hint_names_the_prefix_its_side_and_the_fix():
     assert checkpoint._nearest("q", ["a.qq"]) == "fix: resume with the config and model that wrote it"   # 0.4 < 0.5
 
 
-def test_a_second_foreign_file_at_the_same_name_is_kept_beside_the_first(tmp_path, capsys):
+def test_more_foreign_files_at_the_same_name_are_kept_beside_the_first(tmp_path, capsys):
     net, opt, _ = make()
     kept = []
-    for who in ("a", "b"):
+    for who in ("a", "b", "c"):
         kept.append(checkpoint.save(tmp_path, net, opt, step=6, data_pos=6, run={"id": who}).read_bytes())
     ours = checkpoint.save(tmp_path, net, opt, step=6, data_pos=6, run={"id": "ours"})
     assert checkpoint.read(ours)["meta.run.id"] == "ours"
-    assert (tmp_path / "foreign" / "step_000006.ckpt").read_bytes() == kept[0]
-    assert (tmp_path / "foreign" / "step_000006.1.ckpt").read_bytes() == kept[1]
+    for name, data in zip(("step_000006.ckpt", "step_000006.1.ckpt", "step_000006.2.ckpt"), kept):
+        assert (tmp_path / "foreign" / name).read_bytes() == data
     err = capsys.readouterr().err
-    assert f"{tmp_path / 'step_000006.ckpt'} belongs to run b; moved it to {tmp_path / 'foreign' / 'step_000006.1.ckpt'} (kept) before writing ours" in err
+    assert f"{tmp_path / 'step_000006.ckpt'} belongs to run c; moved it to {tmp_path / 'foreign' / 'step_000006.2.ckpt'} (kept) before writing ours" in err
 
 
 def test_clean_temp_removes_only_leftover_temp_files(tmp_path):
