@@ -346,3 +346,26 @@ def test_the_loss_scalers_counter_comes_back_and_a_static_scaler_takes_only_its_
     static = amp.StaticLossScaler(8.0)                 # no counter attribute: nothing to restore into
     checkpoint.load(p, net, opt, static)
     assert float(static.scale_value.asnumpy()) == 1024.0
+
+
+def test_prune_refuses_a_bad_keep_in_one_line(tmp_path):
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(ValueError) as e:
+            checkpoint.prune(tmp_path, bad)
+        assert str(e.value) == f"checkpoint.prune: keep={bad!r} is invalid; fix: keep at least 1 checkpoint"
+
+
+def test_latest_good_skips_another_runs_and_only_checks_finiteness_when_asked(tmp_path, capsys):
+    net, opt, _ = make()
+    checkpoint.save(tmp_path, net, opt, step=2, data_pos=2, run={"id": "ours"})
+    net.weight.set_data(ms.Tensor(np.full((3, 4), np.nan, np.float32)))
+    checkpoint.save(tmp_path, net, opt, step=4, data_pos=4, run={"id": "ours"})      # NaN weights
+    checkpoint.save(tmp_path, net, opt, step=6, data_pos=6, run={"id": "theirs"})
+    path, meta = checkpoint.latest_good(tmp_path, run_id="ours")               # finiteness not checked by default
+    assert path.name == "step_000004.ckpt" and meta["run"] == {"id": "ours"}
+    assert capsys.readouterr().err == (f"checkpoint {tmp_path / 'step_000006.ckpt'} belongs to run theirs, not ours; "
+                                       "skipping it\n")
+    path, meta = checkpoint.latest_good(tmp_path, run_id="ours", finite=True)
+    assert path.name == "step_000002.ckpt" and meta["step"] == 2
+    assert f"checkpoint {tmp_path / 'step_000004.ckpt'} holds non-finite values in 'weight'; skipping it" \
+        in capsys.readouterr().err
