@@ -369,3 +369,22 @@ def test_latest_good_skips_another_runs_and_only_checks_finiteness_when_asked(tm
     assert path.name == "step_000002.ckpt" and meta["step"] == 2
     assert f"checkpoint {tmp_path / 'step_000004.ckpt'} holds non-finite values in 'weight'; skipping it" \
         in capsys.readouterr().err
+
+
+def test_prune_never_deletes_another_runs_or_a_misnamed_file_even_when_older(tmp_path):
+    net, opt, _ = make()
+    checkpoint.save(tmp_path, net, opt, step=1, data_pos=1, run={"id": "old"})         # another run's, oldest
+    mis = checkpoint.save(tmp_path, net, opt, step=2, data_pos=2, run={"id": "new"})
+    mis.rename(tmp_path / "step_000000.ckpt")                                          # holds step 2, named 0
+    for s in (3, 4):
+        checkpoint.save(tmp_path, net, opt, step=s, data_pos=s, run={"id": "new"})
+    gone = checkpoint.prune(tmp_path, keep=1, run_id="new")
+    assert [p.name for p in gone] == ["step_000003.ckpt"]
+    assert sorted(p.name for p in tmp_path.glob("step_*.ckpt")) == ["step_000000.ckpt", "step_000001.ckpt",
+                                                                    "step_000004.ckpt"]
+
+
+def test_clean_temp_tolerates_a_file_another_cleaner_removed_first(tmp_path, monkeypatch):
+    gone = tmp_path / f"{checkpoint.TMP_PREFIX}1-step_000002.ckpt"          # listed, then deleted by someone else
+    monkeypatch.setattr(type(tmp_path), "glob", lambda self, pattern: iter([gone]))
+    assert checkpoint.clean_temp(tmp_path) == [gone]
