@@ -123,6 +123,12 @@ CALLS: dict[str, str] = {
             m.read_config({"a": 1})
         except m.DoctorError as e:
             assert e.field == "model.model_config" and "fix:" in str(e)
+        run = dict(hidden_size=256, num_layers=4, num_heads=4, ffn_hidden_size=688, vocab_size=1024, seq_len=128,
+                   batch_size=8)
+        hw = m.hardware("atlas-800t-a2")
+        cal = m.fit_cpu_calibration(0.5, m.mini_config(run), hw)
+        rows = m.predict_cpu(cal, {"single": hw, "2 ranks": hw}, run)
+        assert len(rows) == 4 and abs(rows[0]["predicted_s"] - 0.5) < 1e-9 and rows[1]["predicted_s"] > 0.5
         assert "mindspore" not in sys.modules
     """,
     "memory": """
@@ -319,6 +325,11 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
         d = {"model": {"model_config": dict(hidden_size=256, num_layers=4, num_heads=4, vocab_size=1024,
                                             seq_length=128)}, "context": {"max_device_memory": "1GB"}}
         assert m.memory_per_stage(m.read_config(d))["fits"] is True"""),
+    ("doctor", "mini_config"): (("config",), "assert m.param_count(m.mini_config()) > 3e6"),
+    ("doctor", "cpu_hardware"): (("metrics",), """
+        hw = m.cpu_hardware(2, alpha_beta=(1e-3, 1e8), peak=2e11)
+        assert hw.peak("float32") == 1e11 and hw.dp_overlap == 0"""),
+    ("doctor", "measure_cpu_steps"): (_TRAIN_CHAIN, ""),
     ("doctor", "better_layouts"): (("memory",), ""),
     ("doctor", "calibration_table"): (("memory",), ""),
     ("doctor", "guide_13b_ranking"): (("memory",), ""),
