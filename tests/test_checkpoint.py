@@ -388,3 +388,24 @@ def test_clean_temp_tolerates_a_file_another_cleaner_removed_first(tmp_path, mon
     gone = tmp_path / f"{checkpoint.TMP_PREFIX}1-step_000002.ckpt"          # listed, then deleted by someone else
     monkeypatch.setattr(type(tmp_path), "glob", lambda self, pattern: iter([gone]))
     assert checkpoint.clean_temp(tmp_path) == [gone]
+
+
+def test_scan_names_each_status_and_treats_a_file_without_a_run_as_foreign(tmp_path, capsys):
+    net, opt, _ = make()
+    checkpoint.save(tmp_path, net, opt, step=1, data_pos=1)                       # no run id stored
+    net.weight.set_data(ms.Tensor(np.full((3, 4), np.inf, np.float32)))
+    checkpoint.save(tmp_path, net, opt, step=2, data_pos=2)                       # inf weights
+    (tmp_path / "step_000003.ckpt").write_bytes(b"not a checkpoint")
+    assert [r["status"] for r in checkpoint.scan(tmp_path)] == ["corrupt", "good", "good"]   # finite: off by default
+    assert [r["status"] for r in checkpoint.scan(tmp_path, finite=True)] == ["corrupt", "nonfinite", "good"]
+    assert [r["status"] for r in checkpoint.scan(tmp_path, run_id="mine")] == ["corrupt", "foreign", "foreign"]
+    capsys.readouterr()
+    assert checkpoint.latest_good(tmp_path, run_id="mine") is None
+    err = capsys.readouterr().err
+    assert f"checkpoint {tmp_path / 'step_000001.ckpt'} belongs to run None, not mine; skipping it" in err
+
+
+def test_load_returns_the_path_it_read(tmp_path):
+    net, opt, _ = make()
+    p = checkpoint.save(tmp_path, net, opt, step=3, data_pos=5)
+    assert checkpoint.load(str(p), net, opt) == {"step": 3, "data_pos": 5, "path": p}
