@@ -54,8 +54,8 @@ unit: $(STAMP)
 # alternated rounds, so they run two at a time (one kernel per notebook).
 NB_SOLO := notebooks/00_environment.ipynb notebooks/04_data_parallel.ipynb notebooks/05_semi_auto_parallel.ipynb notebooks/08_profiling.ipynb \
            notebooks/12_your_config.ipynb
-NB_LONGEST := notebooks/09_evaluation_report.ipynb      # handed out first, so the other worker takes the rest
-NB_PAIRED := $(NB_LONGEST) $(filter-out $(NB_SOLO) $(NB_LONGEST),$(NOTEBOOKS))
+# (xdist hands the files out by cell count, largest first: --loadscope-reorder is its default)
+NB_PAIRED := $(filter-out $(NB_SOLO),$(NOTEBOOKS))
 NBVAL := $(BIN)/pytest -q -p no:cacheprovider --nbval-lax --nbval-cell-timeout=900 --nbval-sanitize-with tests/nbval_sanitize.cfg
 nbval: $(STAMP)
 	$(NBVAL) --durations=5 $(NB_SOLO)

@@ -102,8 +102,9 @@ def test_the_checks_can_fail():
 
 
 def visible(text: str) -> list[str]:
-    """What a terminal or JupyterLab shows of a stream: per line, what follows the last carriage return."""
-    return [line.rsplit("\r", 1)[-1] for line in text.replace("\r\n", "\n").split("\n")]
+    """What a terminal or JupyterLab shows of a stream, per line (tidy_outputs.visible, the same rule the tidying uses)."""
+    from tidy_outputs import visible as shown
+    return shown(text).split("\n")
 
 
 def frozen_bars(cell) -> list[str]:
