@@ -39,7 +39,7 @@ Huawei's Ascend/msmodeling device profiles (tensor_cast/device.py), cited in HAR
 Checked on this CPU (notebook 12, section 6): `mini_config` (the cookbook's mini model as a Config),
 `cpu_hardware(ranks, alpha_beta=...)` (the measured MatMul peak, split over the ranks sharing the cores; the
 all-reduce from a measured alpha-beta fit; no overlap), `fit_cpu_calibration` on CPU_FIT_SET only, `predict_cpu`
-for CPU_CHECK_SET, and `measure_cpu_steps` (also run per rank as `msrun ... doctor.py --cpu-check-worker`).
+for CPU_CHECK_SET, `cpu_check` (the verdict per run, with the run's step spread), and `measure_cpu_steps` (also run per rank as `msrun ... doctor.py --cpu-check-worker`).
 
 What the model leaves out: kernel efficiency that varies with shape, fine_grain_interleave and
 micro_batch_interleave_num overlap (not modelled), offsets other than the YAML's, data loading, host
@@ -1190,6 +1190,59 @@ def measure_cpu_steps(recomputes: tuple = ("none", "full"), steps: int = 8, *, w
             if progress is not None:
                 progress(done, total)
     return {"times": times, "losses": losses, "world": world, "rank": rank}
+
+
+def cpu_check(times: dict, hws: dict, tolerance: float = 0.25, run: Any = None) -> list[dict]:
+    """The CPU check decided from measured steps, their noise included. `times` maps (run, recompute), for
+    run "single" / "2 ranks" and recompute "none" / "full", to the seconds of each measured step (compile step
+    left out; for 2 ranks the slower rank's). The efficiency is fitted on CPU_FIT_SET's median step only.
+
+    Each row of `predict_cpu` gets measured_s (median), error (predicted / measured - 1), and error_lo /
+    error_hi: the same error with the fit run and this run taken at their quartiles, the way that widens it
+    (this run's own step-to-step spread). verdict: "fit" for the fit set; for the check set "within" when
+    |error| <= tolerance, "beyond" when all of [error_lo, error_hi] lies outside +-tolerance (the model misses
+    by more than the noise), else "undecided" (the medians miss, but the spread reaches the tolerance).
+
+        >>> hw = cpu_hardware(1, peak=60e9, cores=2)
+        >>> t = {("single", "none"): [0.50, 0.52, 0.48], ("single", "full"): [0.60, 0.64, 0.62]}
+        >>> [(r["recompute"], r["verdict"]) for r in cpu_check(t, {"single": hw, "2 ranks": hw}) if r["run"] == "single"]
+        [('none', 'fit'), ('full', 'within')]
+    """
+    import numpy as np
+    if not (isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool) and 0 < tolerance < 10):
+        raise DoctorError("tolerance", tolerance, "a relative error > 0, e.g. 0.25")
+    q = {}
+    for key, ts in times.items():
+        try:
+            a = np.asarray(ts, dtype=float).ravel()
+        except (TypeError, ValueError):
+            a = np.asarray([np.nan])
+        if a.size == 0 or not np.all(np.isfinite(a)) or np.any(a <= 0):
+            raise DoctorError(f"times[{key!r}]", ts, "measured step seconds, > 0 and finite, at least one")
+        q[tuple(key)] = tuple(float(v) for v in np.percentile(a, (25, 50, 75)))
+    fit_key = CPU_FIT_SET[0]
+    if fit_key not in q:
+        raise DoctorError("times", sorted(q), f"include the fit run {fit_key!r}")
+    cfg = mini_config(run)
+    preds = [predict_cpu(fit_cpu_calibration(v, cfg, hws["single"]), hws, run) for v in q[fit_key]]
+    rows = []
+    for i, r in enumerate(preds[1]):
+        key = (r["run"], r["recompute"])
+        if key not in q:
+            continue
+        lo_m, med_m, hi_m = q[key]
+        r = dict(r, measured_s=med_m, error=r["predicted_s"] / med_m - 1,
+                 error_lo=preds[0][i]["predicted_s"] / hi_m - 1, error_hi=preds[2][i]["predicted_s"] / lo_m - 1)
+        if r["role"] == "fit":
+            r["verdict"] = "fit"
+        elif abs(r["error"]) <= tolerance:
+            r["verdict"] = "within"
+        elif r["error_lo"] > tolerance or r["error_hi"] < -tolerance:
+            r["verdict"] = "beyond"
+        else:
+            r["verdict"] = "undecided"
+        rows.append(r)
+    return rows
 
 
 def _time_allreduce(sizes: tuple, repeats: int = 5) -> list[dict]:

@@ -112,6 +112,7 @@ CALLS: dict[str, str] = {
         assert m.free_port() > 0
     """,
     "doctor": """
+        import numpy as np
         import yaml
         c = m.read_config(yaml.safe_load(MF_YAML))
         assert c.devices == 8 and c.budget_bytes == 58 * 2**30 and m.param_count(c) > 6e9
@@ -129,6 +130,9 @@ CALLS: dict[str, str] = {
         cal = m.fit_cpu_calibration(0.5, m.mini_config(run), hw)
         rows = m.predict_cpu(cal, {"single": hw, "2 ranks": hw}, run)
         assert len(rows) == 4 and abs(rows[0]["predicted_s"] - 0.5) < 1e-9 and rows[1]["predicted_s"] > 0.5
+        t = {("single", "none"): np.array([0.5, 0.51]), ("single", "full"): [rows[1]["predicted_s"]] * 2}
+        chk = m.cpu_check(t, {"single": hw, "2 ranks": hw}, run=run)
+        assert [r["verdict"] for r in chk] == ["fit", "within"]
         assert "mindspore" not in sys.modules
     """,
     "memory": """

@@ -233,3 +233,49 @@ def test_cpu_check_bad_input_is_one_line(call, field):
     with pytest.raises(D.DoctorError) as e:
         call()
     assert e.value.field == field and "\n" not in str(e.value) and "fix:" in str(e.value)
+
+
+def _cpu_times(full_scale: float, spread: float):
+    """Step times whose fit run (single none) is 0.5 s and whose single-full run is `full_scale` x the
+    prediction, each with +-spread around its median."""
+    hw1 = D.cpu_hardware(1, peak=60e9, cores=2)
+    hws = {"single": hw1, "2 ranks": D.cpu_hardware(2, alpha_beta=_AB, peak=60e9, cores=2)}
+    pred = {(r["run"], r["recompute"]): r["predicted_s"] for r in
+            D.predict_cpu(D.fit_cpu_calibration(0.5, D.mini_config(), hw1), hws)}
+    around = lambda m: [m * (1 - spread), m, m * (1 + spread)]
+    t = {k: around(v) for k, v in pred.items()}
+    t["single", "none"] = around(0.5)
+    t["single", "full"] = around(pred["single", "full"] / full_scale)
+    return t, hws
+
+
+@pytest.mark.parametrize("scale, spread, verdict", [
+    (1.0, 0.02, "within"), (1.2, 0.0, "within"), (0.8, 0.0, "within"),
+    (1.3, 0.0, "beyond"), (0.7, 0.0, "beyond"), (1.3, 0.01, "beyond"),
+    (1.3, 0.06, "undecided"), (0.7, 0.12, "undecided")])
+def test_cpu_check_verdict_weighs_the_miss_against_the_runs_spread(scale, spread, verdict):
+    t, hws = _cpu_times(scale, spread)
+    rows = {(r["run"], r["recompute"]): r for r in D.cpu_check(t, hws, tolerance=0.25)}
+    r = rows["single", "full"]
+    assert r["error"] == pytest.approx(scale - 1, abs=1e-9) and r["verdict"] == verdict
+    assert r["error_lo"] <= r["error"] <= r["error_hi"]
+    if spread == 0:
+        assert r["error_lo"] == pytest.approx(r["error"]) and r["error_hi"] == pytest.approx(r["error"])
+    assert rows["single", "none"]["verdict"] == "fit" and rows["single", "none"]["error"] == pytest.approx(0, abs=1e-12)
+    assert rows["2 ranks", "none"]["verdict"] == rows["2 ranks", "full"]["verdict"] == "within"
+    assert rows["2 ranks", "none"]["measured_s"] == pytest.approx(t["2 ranks", "none"][1])
+
+
+@pytest.mark.parametrize("times, tol, field", [
+    ({("single", "none"): []}, 0.25, "times[('single', 'none')]"),
+    ({("single", "none"): [0.5, float("nan")]}, 0.25, "times[('single', 'none')]"),
+    ({("single", "none"): [0.5, -0.1]}, 0.25, "times[('single', 'none')]"),
+    ({("single", "none"): "fast"}, 0.25, "times[('single', 'none')]"),
+    ({("single", "full"): [0.5]}, 0.25, "times"),
+    ({("single", "none"): [0.5]}, 0.0, "tolerance"),
+])
+def test_cpu_check_bad_times_are_one_line(times, tol, field):
+    hw = D.cpu_hardware(1, peak=60e9, cores=2)
+    with pytest.raises(D.DoctorError) as e:
+        D.cpu_check(times, {"single": hw, "2 ranks": hw}, tolerance=tol)
+    assert e.value.field == field and "\n" not in str(e.value) and "fix:" in str(e.value)
