@@ -1,3 +1,4 @@
+import os
 import mindspore as ms
 import numpy as np
 import pytest
@@ -409,3 +410,103 @@ def test_load_returns_the_path_it_read(tmp_path):
     net, opt, _ = make()
     p = checkpoint.save(tmp_path, net, opt, step=3, data_pos=5)
     assert checkpoint.load(str(p), net, opt) == {"step": 3, "data_pos": 5, "path": p}
+
+
+class _Box:
+    """A value that is not MindSpore's: it has .asnumpy() and no __int__, __float__ or __array__."""
+    def __init__(self, v):
+        self.v = v
+
+    def asnumpy(self):
+        return np.asarray(self.v)
+
+
+def test_info_reads_asnumpy_values_and_plain_ones():
+    assert checkpoint.info({"meta.step": _Box(7), "meta.data_pos": _Box(3), "meta.loss": _Box(2.5),
+                            "meta.run.id": "r1", "meta.run.config_hash": "h", "w": _Box([1.0])}) == {
+        "step": 7, "data_pos": 3, "loss": 2.5, "run": {"id": "r1", "config_hash": "h"}}
+    assert checkpoint.info({"meta.step": 4, "meta.loss": 1.5}) == {"step": 4, "loss": 1.5}
+    assert checkpoint.info({"meta.step": np.int64(4)}) == {"step": 4}
+
+
+def test_nonfinite_params_reads_any_value_with_asnumpy():
+    assert checkpoint.nonfinite_params({"w": _Box(np.array([1.0, np.nan], np.float32)), "ok": _Box(np.ones(2))}) == ["w"]
+
+
+@pytest.mark.parametrize("v, want", [(0, 0), (5, 5), (np.int64(3), 3), (0.0, 0), (3.0, 3), (np.float64(2.0), 2)])
+def test_steps_from_zero_and_integral_floats_are_accepted(v, want):
+    assert checkpoint._as_step("save", "step", v) == want and type(checkpoint._as_step("save", "step", v)) is int
+
+
+@pytest.mark.parametrize("field", ["step", "data_pos"])
+@pytest.mark.parametrize("v", [True, False, -1, 2.5, -2.0, "3"])
+def test_write_pending_refuses_a_bad_step_or_position_in_one_line(tmp_path, field, v):
+    kw = {"step": 1, "data_pos": 1, field: v}
+    with pytest.raises(ValueError) as e:
+        checkpoint.write_pending(tmp_path, None, **kw)
+    assert str(e.value) == f"checkpoint.save: {field}={v!r} is invalid; fix: pass a non-negative integer"
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_missing_nested_folder_is_created_and_the_loss_is_kept_exactly(tmp_path):
+    net, opt, _ = make()
+    d = tmp_path / "a" / "b"
+    final = checkpoint.commit(checkpoint.write_pending(d, net, opt, step=2, data_pos=9, loss=np.float32(1.1)))
+    assert final == d / "step_000002.ckpt"
+    assert checkpoint.info(checkpoint.read(final)) == {"step": 2, "data_pos": 9, "loss": float(np.float32(1.1))}
+
+
+def test_commit_refuses_a_path_that_is_not_pending_in_one_line(tmp_path):
+    with pytest.raises(ValueError) as e:
+        checkpoint.commit(tmp_path / "step_000001.ckpt")
+    assert str(e.value) == (f"checkpoint.commit: {tmp_path / 'step_000001.ckpt'} is not a pending checkpoint; "
+                            "fix: pass write_pending()'s path")
+
+
+def test_commit_without_a_run_id_replaces_whatever_is_at_the_name(tmp_path, capsys):
+    net, opt, _ = make()
+    checkpoint.save(tmp_path, net, opt, step=4, data_pos=4, run={"id": "theirs"})
+    final = checkpoint.commit(checkpoint.write_pending(tmp_path, net, opt, step=4, data_pos=8))
+    assert checkpoint.info(checkpoint.read(final)) == {"step": 4, "data_pos": 8}
+    assert not (tmp_path / "foreign").exists() and "moved" not in capsys.readouterr().err
+
+
+def test_commit_replaces_a_damaged_file_and_moves_aside_a_run_less_or_misnamed_one(tmp_path, capsys):
+    net, opt, _ = make()
+    (tmp_path / "step_000004.ckpt").write_bytes(b"half a file")                     # damaged: ours replaces it
+    final = checkpoint.commit(checkpoint.write_pending(tmp_path, net, opt, step=4, data_pos=4, run={"id": "me"}),
+                              run_id="me")
+    assert checkpoint.info(checkpoint.read(final))["run"] == {"id": "me"} and not (tmp_path / "foreign").exists()
+    capsys.readouterr()
+    # a file with no run id at our name: another run's, kept
+    runless = checkpoint.save(tmp_path, net, opt, step=5, data_pos=5).read_bytes()
+    checkpoint.save(tmp_path, net, opt, step=5, data_pos=5, run={"id": "me"})
+    assert (tmp_path / "foreign" / "step_000005.ckpt").read_bytes() == runless
+    assert f"{tmp_path / 'step_000005.ckpt'} belongs to run None; moved it to" in capsys.readouterr().err
+    # our own run's file holding another step under this name: kept, and said why
+    os.replace(checkpoint.save(tmp_path, net, opt, step=3, data_pos=3, run={"id": "me"}), tmp_path / "step_000006.ckpt")
+    misnamed = (tmp_path / "step_000006.ckpt").read_bytes()
+    checkpoint.save(tmp_path, net, opt, step=6, data_pos=6, run={"id": "me"})
+    assert (tmp_path / "foreign" / "step_000006.ckpt").read_bytes() == misnamed
+    assert checkpoint.info(checkpoint.read(tmp_path / "step_000006.ckpt"))["step"] == 6
+    assert (f"{tmp_path / 'step_000006.ckpt'} holds step 3, not the step its name says; moved it to "
+            f"{tmp_path / 'foreign' / 'step_000006.ckpt'} (kept) before writing ours") in capsys.readouterr().err
+
+
+def test_read_names_what_is_wrong_in_one_line(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError) as e:
+        checkpoint.read(tmp_path / "step_000001.ckpt")
+    assert str(e.value) == f"checkpoint {tmp_path / 'step_000001.ckpt'} does not exist; fix: pass a file from list_checkpoints()"
+    plain = tmp_path / "plain.ckpt"
+    ms.save_checkpoint(nn.Dense(2, 2), str(plain))                                    # not written by checkpoint.save
+    with pytest.raises(checkpoint.CorruptCheckpoint) as e:
+        checkpoint.read(plain)
+    assert str(e.value) == f"checkpoint {plain} has no meta.step entry: it was not written by checkpoint.save"
+    for raised, shown in ((ValueError("bad crc\nsecond line"), "bad crc"), (RuntimeError("  "), "RuntimeError"),
+                          (OSError(""), "OSError")):
+        def fail(*a, _e=raised, **k):
+            raise _e
+        monkeypatch.setattr(ms, "load_checkpoint", fail)
+        with pytest.raises(checkpoint.CorruptCheckpoint) as e:
+            checkpoint.read(plain)
+        assert str(e.value) == f"checkpoint {plain} is corrupt or truncated ({shown})"
