@@ -61,6 +61,144 @@ def test_bad_settings_are_named(kw, field):
         SpikeDetector(**kw)
 
 
+def test_the_defaults_are_the_documented_ones_and_the_state_names_them():
+    assert SpikeDetector().state_dict() == {"window": 20, "threshold": 6.0, "warmup": 10, "rel_floor": 0.005,
+                                            "losses": [], "grad_norms": [], "accepted": 0}
+
+
+@pytest.mark.parametrize("kw", [dict(window=3), dict(warmup=0), dict(window=3, warmup=0, threshold=1, rel_floor=1e-9)])
+def test_the_smallest_settings_are_accepted(kw):
+    assert SpikeDetector(**kw).state_dict()["window"] == kw.get("window", 20)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(window=5.0), "SpikeDetector: window=5.0 is invalid; fix: pass an integer >= 3"),
+    (dict(window=True), "SpikeDetector: window=True is invalid; fix: pass an integer >= 3"),
+    (dict(warmup=-1), "SpikeDetector: warmup=-1 is invalid; fix: pass an integer >= 0"),
+    (dict(rel_floor=0), "SpikeDetector: rel_floor=0 is invalid; fix: pass a finite number > 0"),
+    (dict(threshold=True), "SpikeDetector: threshold=True is invalid; fix: pass a finite number > 0")])
+def test_bad_settings_are_one_line_with_the_fix(kw, message):
+    with pytest.raises(ValueError) as e:
+        SpikeDetector(**kw)
+    assert str(e.value) == message
+
+
+def _bar(ys, k=6.0, rel_floor=0.005):
+    """The detector's bar, computed here independently with numpy: Theil-Sen line over the history, MAD of its
+    residuals x 1.4826 (floored at rel_floor x |median|), bar = max(trend at the next x, median) + k sigma."""
+    import numpy as np
+    y = np.asarray(ys, float)
+    n, x = len(y), np.arange(len(y))
+    slope = np.median([(y[j] - y[i]) / (j - i) for i in range(n) for j in range(i + 1, n)])
+    icept = np.median(y - slope * x)
+    resid = y - (icept + slope * x)
+    sigma = max(1.4826 * np.median(np.abs(resid - np.median(resid))), rel_floor * abs(np.median(y)))
+    return max(icept + slope * n, np.median(y)), sigma
+
+
+@pytest.mark.parametrize("ys", [
+    [1.0, 2.0, 3.0, 4.0, 6.0],                    # rising: the trend sets the bar (slope 1, not 1.125 without neighbours)
+    [1.0, 2.2, 2.9, 4.3, 4.8, 6.4, 6.9],          # rising with noise: a MAD above the floor
+    [10.0, 10.0, 10.0, 10.0],                     # flat: the floor, 0.5 % of the median
+    [8.0, 7.5, 7.7, 7.1, 7.3, 6.9]])              # falling: the median sets the bar
+def test_the_bar_is_the_theil_sen_trend_plus_k_robust_sigmas(ys):
+    det = SpikeDetector(window=len(ys), warmup=0).load_state_dict({"losses": ys, "grad_norms": [], "accepted": len(ys)})
+    level, sigma = _bar(ys)
+    bar = level + 6.0 * sigma
+    state = det.state_dict()
+    assert det.update(bar) is False and det.last_reason == ""           # at the bar: not above it
+    det.load_state_dict(state)
+    assert det.update(bar * (1 + 1e-6) + 1e-9) is True
+    assert det.last_reason == f"loss {bar * (1 + 1e-6) + 1e-9:.4g} > trend {level:.4g} + 6.0 x robust sigma {sigma:.4g}"
+
+
+def test_three_values_are_enough_history_and_warmup_counts_accepted_values():
+    det = SpikeDetector(window=5, warmup=3)
+    assert [det.update(5.0) for _ in range(3)] == [False] * 3 and det.last_reason == ""
+    assert det.update(9.0) is True and det.last_reason.startswith("loss 9 > trend 5 + ")
+    assert det.update(5.0) is False and det.last_reason == ""           # the reason is cleared on the next step
+    assert det.state_dict()["accepted"] == 4
+    early = SpikeDetector(window=5, warmup=0)
+    assert early.update(5.0) is False and early.last_reason == ""       # no history yet: nothing to compare
+
+
+def test_the_grad_norm_counts_from_half_the_threshold_of_the_loss():
+    # a flat loss of 10: sigma is the floor, 0.05, so half the threshold (3 sigmas) is 10.15
+    for loss, flagged in ((10.125, False), (10.175, True)):
+        det = SpikeDetector(window=8, warmup=4)
+        for _ in range(8):
+            det.update(10.0, grad_norm=1.0)
+        assert det.update(loss, grad_norm=50.0) is flagged
+        assert det.last_reason.startswith("grad norm 50 > ") is flagged
+
+
+def test_a_state_with_a_longer_history_keeps_the_window_and_the_grad_norms():
+    det = SpikeDetector(window=4).load_state_dict(
+        {"losses": [1, 2, 3, 4, 5, 6], "grad_norms": ["0.5", 0.25, 1, 2, 3, 4], "accepted": "6"})
+    assert det.state_dict()["losses"] == [3.0, 4.0, 5.0, 6.0] and det.state_dict()["grad_norms"] == [1.0, 2.0, 3.0, 4.0]
+    assert det.accepted == 6
+    det.update(7.0, grad_norm=5.0)
+    assert list(det.losses) == [4.0, 5.0, 6.0, 7.0] and list(det.grad_norms) == [2.0, 3.0, 4.0, 5.0]
+
+
+def test_a_state_that_is_not_a_state_dict_is_one_line():
+    with pytest.raises(ValueError) as e:
+        SpikeDetector().load_state_dict({"losses": []})
+    assert str(e.value) == "SpikeDetector.load_state_dict: missing ['accepted', 'grad_norms']; fix: pass a state_dict()"
+
+
+def test_the_text_corpus_is_seeded_zipf_sentences_of_4_to_14_words(tmp_path):
+    import collections
+    import re
+    from mshelpers import stability
+    with_tmp = str(tmp_path)
+    a = write_text_corpus(f"{with_tmp}/x/y/a.txt", seed=3)              # the folders are created
+    assert a["bytes"] == 200_000 and a["poison_start"] == a["poison_end"] == 100_000
+    text = a["path"].read_bytes()
+    assert len(text) == 200_000 and text == write_text_corpus(f"{with_tmp}/b.txt", seed=3)["path"].read_bytes()
+    assert text != write_text_corpus(f"{with_tmp}/c.txt", seed=4)["path"].read_bytes()
+    sentences = re.findall(r"([A-Z][a-z ]*)\. ", text.decode("ascii"))[:-1]     # the last one may be cut
+    lengths = collections.Counter(len(s.split()) for s in sentences)
+    assert min(lengths) == 4 and max(lengths) == 14 and len(lengths) == 11
+    words = collections.Counter(w.lower() for s in sentences for w in s.split())
+    assert set(words) <= set(stability._WORDS)
+    top = [w for w, _ in words.most_common(3)]
+    assert top == list(stability._WORDS[:3])                            # Zipf: the first words lead, in order
+    assert 1.7 < words["the"] / words["of"] < 2.3                       # weight 1/1 against 1/2
+    assert write_text_corpus(f"{with_tmp}/d.txt", n_bytes=1000)["path"].read_bytes()[:1000] == \
+        write_text_corpus(f"{with_tmp}/e.txt", n_bytes=1000, seed=0)["path"].read_bytes()   # seed 0 by default
+
+
+def test_the_poisoned_corpus_is_the_clean_one_with_random_bytes_in_its_region(tmp_path):
+    clean = write_text_corpus(tmp_path / "clean.txt", n_bytes=20_000, seed=1)["path"].read_bytes()
+    p = write_text_corpus(tmp_path / "p.txt", n_bytes=20_000, seed=1, poison=0.1, poison_at=0.3)
+    data = p["path"].read_bytes()
+    assert (p["poison_start"], p["poison_end"], p["bytes"]) == (6000, 8000, 20_000)
+    assert data[:6000] == clean[:6000] and data[8000:] == clean[8000:]
+    region = data[6000:8000]
+    assert sum(b >= 128 for b in region) > 800 and sum(a != b for a, b in zip(region, clean[6000:8000])) > 1900
+    assert region == write_text_corpus(tmp_path / "q.txt", n_bytes=20_000, seed=1, poison=0.1,
+                                       poison_at=0.3)["path"].read_bytes()[6000:8000]
+    half = write_text_corpus(tmp_path / "h.txt", n_bytes=20_000, seed=1, poison=0.1)        # at the middle by default
+    assert (half["poison_start"], half["poison_end"]) == (10_000, 12_000)
+
+
+@pytest.mark.parametrize("kw", [dict(poison=0.5), dict(poison=-0.01), dict(poison_at=1.0), dict(poison_at=-0.1)])
+def test_a_bad_poison_setting_is_one_line(tmp_path, kw):
+    with pytest.raises(ValueError) as e:
+        write_text_corpus(tmp_path / "x.txt", n_bytes=100, **kw)
+    args = {"poison": 0.0, "poison_at": 0.5, **kw}
+    assert str(e.value) == (f"write_text_corpus: poison={args['poison']}, poison_at={args['poison_at']}; "
+                            "fix: 0 <= poison < 0.5, 0 <= poison_at < 1")
+    assert not (tmp_path / "x.txt").exists()
+
+
+def test_find_spikes_passes_its_settings_to_the_detector():
+    curve = [5.0] * 6 + [5.5]
+    assert find_spikes(curve) == []                                     # default warm-up 10: too early
+    assert find_spikes(curve, warmup=3, window=5) == [6]
+
+
 # ---------------------------------------------------------------- the guard, through the real CLI
 STEPS = 120
 
