@@ -193,6 +193,26 @@ def test_a_bad_poison_setting_is_one_line(tmp_path, kw):
     assert not (tmp_path / "x.txt").exists()
 
 
+def test_the_corpus_has_exactly_the_bytes_asked_for_and_nothing_but_sentences(tmp_path):
+    text = write_text_corpus(tmp_path / "a.txt", n_bytes=3000)["path"].read_bytes().decode("ascii")
+    assert set(text) <= set("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.")
+    assert all(i == 0 or text[i - 2:i] == ". " for i, ch in enumerate(text) if ch.isupper())
+    # a size one byte past the end of a sentence: the writer must not stop a byte short
+    ends = [i + 2 for i in range(len(text) - 1) if text[i:i + 2] == ". "]
+    for n in (ends[3] + 1, ends[10] + 1, ends[10]):
+        assert len(write_text_corpus(tmp_path / f"{n}.txt", n_bytes=n)["path"].read_bytes()) == n
+    p = write_text_corpus(tmp_path / "z.txt", n_bytes=1000, poison=0.2, poison_at=0.0)   # at the very start
+    assert (p["poison_start"], p["poison_end"]) == (0, 200)
+
+
+def test_a_fresh_detector_has_no_reason_and_bounded_histories():
+    det = SpikeDetector(window=4, warmup=2)
+    assert det.last_reason == "" and det.accepted == 0
+    for i in range(9):
+        det.update(5.0, grad_norm=1.0 + i)
+    assert len(det.losses) == len(det.grad_norms) == 4 and list(det.grad_norms) == [6.0, 7.0, 8.0, 9.0]
+
+
 def test_find_spikes_passes_its_settings_to_the_detector():
     curve = [5.0] * 6 + [5.5]
     assert find_spikes(curve) == []                                     # default warm-up 10: too early
