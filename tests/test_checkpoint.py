@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
@@ -510,3 +511,20 @@ def test_read_names_what_is_wrong_in_one_line(tmp_path, monkeypatch):
         with pytest.raises(checkpoint.CorruptCheckpoint) as e:
             checkpoint.read(plain)
         assert str(e.value) == f"checkpoint {plain} is corrupt or truncated ({shown})"
+
+
+@pytest.mark.parametrize("leaves", [(), (".ckpt",), (".tmp",), (".ckpt", ".tmp")])
+def test_a_failed_write_raises_its_own_error_and_removes_whatever_it_left(tmp_path, monkeypatch, leaves):
+    """MindSpore may fail before writing anything, or leave its scratch `.tmp` beside our temp name: either way the
+    caller sees the write's own error (not a FileNotFoundError from the clean-up) and no file is left."""
+    net, opt, _ = make()
+
+    def fail(entries, path, **k):
+        for suffix in leaves:
+            open(Path(path).with_suffix(suffix), "wb").write(b"partial")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(ms, "save_checkpoint", fail)
+    with pytest.raises(OSError) as e:
+        checkpoint.write_pending(tmp_path, net, opt, step=1, data_pos=1)
+    assert e.value.errno == 28 and type(e.value) is OSError
+    assert list(tmp_path.iterdir()) == []
