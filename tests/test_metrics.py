@@ -140,3 +140,43 @@ def test_hardware_peak_is_cores_times_max_clock_times_flop_per_cycle(tmp_path, m
         hardware_peak_flops(device="TPU")
     with pytest.raises(ValueError, match="has no float32 figure"):
         hardware_peak_flops("float32", device="Ascend 910B")
+
+
+@pytest.mark.parametrize("flags, lanes, isa", [({"avx512f", "fma", "avx2"}, 16, "AVX-512"), ({"fma", "avx2"}, 8, "AVX2+FMA"),
+                                               ({"sse2"}, 4, "SSE")])
+def test_theoretical_peak_is_cores_x_clock_x_lanes_x_2_x_fma_units(monkeypatch, capsys, flags, lanes, isa):
+    from mshelpers import metrics
+    monkeypatch.setattr(metrics, "cpu_info", lambda: {"threads": 2, "mhz": 2300.0, "flags": flags, "cpu_model": "x"})
+    want = 2 * 2300e6 * lanes * 2 * 2                       # 2 cores x 2.3 GHz x lanes x 2 (FMA) x 2 units
+    assert theoretical_peak_flops() == want
+    assert capsys.readouterr().out == (
+        f"theoretical fp32 peak = 2 cores x 2.30 GHz x {lanes * 4} FLOP/cycle ({isa}: {lanes} lanes x 2 for FMA x 2 "
+        f"FMA units) = {want / 1e9:.0f} GFLOP/s\n  assumes: each logical CPU is a full core (no SMT sharing), the "
+        f"nominal clock holds under {isa}, 2 FMA units per core\n")
+    assert theoretical_peak_flops(verbose=False, fma_units=1) == want / 2 and capsys.readouterr().out == ""
+
+
+def test_theoretical_peak_without_a_clock_is_one_line(monkeypatch):
+    from mshelpers import metrics
+    monkeypatch.setattr(metrics, "cpu_info", lambda: {"threads": 2, "mhz": None, "flags": {"fma"}, "cpu_model": "x"})
+    with pytest.raises(ValueError) as e:
+        theoretical_peak_flops()
+    assert str(e.value) == ("theoretical_peak_flops: no clock in /proc/cpuinfo; fix: use peak_flops() (measured) "
+                            "or a DATASHEET_PEAK_FLOPS entry")
+
+
+def test_flops_per_token_names_itself_in_its_refusal():
+    with pytest.raises(ValueError) as e:
+        flops_per_token(0, 2, 8, 4)
+    assert str(e.value) == "flops_per_token: n_params=0 is invalid; fix: pass a positive integer"
+
+
+def test_summarize_names_every_figure_and_refuses_no_rows():
+    rows = [dict(step=i, loss=l, step_time_s=t, tokens_per_s=100 / t, mfu=0.1 / t, peak_mem_mb=m, overflow=o, spike=sp)
+            for i, (l, t, m, o, sp) in enumerate([(5.0, 2.0, 10, False, False), (4.0, 0.5, 30, True, False),
+                                                  (float("nan"), 0.25, 20, True, True), (3.0, 1.0, 5, False, False)])]
+    assert summarize(rows) == dict(steps=4, compile_time_s=2.0, median_step_s=0.5, tokens_per_s=200.0, mfu=0.2,
+                                   final_loss=3.0, peak_mem_mb=30, overflow_steps=2, spike_steps=1, nonfinite_losses=1)
+    with pytest.raises(ValueError) as e:
+        summarize([])
+    assert str(e.value) == "summarize: rows is empty; fix: log at least one step"

@@ -125,3 +125,23 @@ def test_as_a_callback_in_model_train_it_reads_lr_and_grad_norm_fns(tmp_path):
     assert all(r["lr"] == pytest.approx(0.01) for r in rows)           # the optimizer's fixed rate
     assert [r["grad_norm"] for r in rows] == [0.5, 1.0, 1.5, 2.0]
     assert all(r["overflow"] is False and r["loss_scale"] == 1.0 for r in rows)
+
+
+def test_a_wrong_output_is_described_by_its_type_and_shape():
+    import numpy as np
+    scaled = StepLogger(None, 100, 10, 1e3, outputs="loss_overflow_scale")
+    for out, said in ((np.zeros(2, np.float32), "one ndarray of shape (2,)"), (2.5, "one float"), ([1, 2], "a list of 2")):
+        with pytest.raises(ValueError) as e:
+            scaled.read_outputs(out)
+        assert str(e.value) == (f"StepLogger: outputs='loss_overflow_scale' but the network returned {said}; "
+                                "fix: outputs='loss' for a single loss, or a function")
+
+
+def test_as_callback_turns_a_logger_built_before_mindspore_into_a_callback():
+    from mindspore.train import Callback
+    log = StepLogger(None, 100, 10, 1e3)
+    cls = type(log)
+    log.__class__ = StepLogger               # as if built before MindSpore was imported: a plain StepLogger
+    assert not isinstance(log, Callback)
+    assert log.as_callback() is log and isinstance(log, Callback) and isinstance(log, StepLogger)
+    assert type(log) is cls and type(log.as_callback()) is cls          # once converted, it stays the same class
