@@ -180,3 +180,78 @@ def test_summarize_names_every_figure_and_refuses_no_rows():
     with pytest.raises(ValueError) as e:
         summarize([])
     assert str(e.value) == "summarize: rows is empty; fix: log at least one step"
+
+
+class _FakePath:
+    """Stands in for metrics.Path in max_clock_mhz: read_text() gives `text`, or raises it."""
+    def __init__(self, text):
+        self.text = text
+
+    def __call__(self, path):
+        assert path == "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"
+        return self
+
+    def read_text(self):
+        if isinstance(self.text, Exception):
+            raise self.text
+        return self.text
+
+
+def test_max_clock_prefers_cpufreq_then_the_largest_cpu_mhz(monkeypatch):
+    import io
+    from mshelpers import metrics
+    cpuinfo = "processor\t: 0\ncpu MHz\t\t: 2300.000\nprocessor\t: 1\ncpu MHz\t\t: 3100.500\ncpu MHz\t\t: 2900\nflags\t: fma\n"
+    monkeypatch.setattr(metrics, "open", lambda p, *a, **k: io.StringIO(cpuinfo), raising=False)
+    monkeypatch.setattr(metrics, "Path", _FakePath("3500000\n"))
+    assert metrics.max_clock_mhz() == (3500.0, "cpufreq cpuinfo_max_freq")
+    for bad in ("0\n", OSError("no cpufreq"), "n/a"):
+        monkeypatch.setattr(metrics, "Path", _FakePath(bad))
+        assert metrics.max_clock_mhz() == (3100.5, "/proc/cpuinfo cpu MHz")
+
+    def no_proc(*a, **k):
+        raise OSError("no /proc")
+    monkeypatch.setattr(metrics, "open", no_proc, raising=False)
+    assert metrics.max_clock_mhz() == (None, "/proc/cpuinfo cpu MHz")
+
+
+@pytest.mark.parametrize("flags, lanes, isa", [({"avx512f", "fma"}, 16, "AVX-512"), ({"fma"}, 8, "AVX2+FMA"), (set(), 4, "SSE")])
+def test_hardware_peak_per_isa_its_printout_and_the_measured_peak_above_it(monkeypatch, capsys, flags, lanes, isa):
+    from mshelpers import metrics
+    monkeypatch.setattr(metrics, "cpu_info", lambda: {"threads": 2, "mhz": 2000.0, "flags": flags, "cpu_model": "x"})
+    monkeypatch.setattr(metrics, "max_clock_mhz", lambda: (2500.0, "cpufreq cpuinfo_max_freq"))
+    monkeypatch.setattr(metrics, "peak_flops_record", lambda dtype="float32": None)
+    theory = 2 * 2500e6 * lanes * 2 * 2                     # the maximum clock, not the nominal 2000 MHz
+    assert metrics.hardware_peak_flops(verbose=True) == theory
+    assert capsys.readouterr().out == (
+        f"MFU denominator (hardware peak): 2 cores x 2.50 GHz (cpufreq cpuinfo_max_freq) x {lanes * 4} FLOP/cycle "
+        f"({isa}: {lanes} fp32 lanes x 2 for FMA x 2 FMA units) = {theory / 1e9:.0f} GFLOP/s\n"
+        f"  assumes: each logical CPU is a full core (no SMT sharing), that clock holds under {isa}, 2 FMA units "
+        "per core\n")
+    monkeypatch.setattr(metrics, "peak_flops_record", lambda dtype="float32": {"flops": theory * 0.75})
+    assert metrics.hardware_peak_flops(verbose=True, fma_units=1) == theory * 0.75      # above theory / 2
+    assert capsys.readouterr().out.endswith(
+        f"  the measured MatMul peak {theory * 0.75 / 1e9:.0f} GFLOP/s is higher (turbo): it is used instead\n")
+    assert metrics.hardware_peak_flops() == theory and capsys.readouterr().out == ""     # below: the theory
+    monkeypatch.setattr(metrics, "peak_flops_record", lambda dtype="float32": {"flops": "fast"})
+    assert metrics.hardware_peak_flops(fma_units=1, device="CPU") == theory / 2
+
+
+def test_hardware_peak_refusals_and_the_datasheet_line(monkeypatch, capsys):
+    from mshelpers import metrics
+    with pytest.raises(ValueError) as e:
+        metrics.hardware_peak_flops(device="TPU")
+    assert str(e.value) == f"hardware_peak_flops: device='TPU' is unknown; fix: use CPU or one of {list(DATASHEET_PEAK_FLOPS)}"
+    with pytest.raises(ValueError) as e:
+        metrics.hardware_peak_flops("float64", device="NVIDIA A100 SXM")
+    figures = [k for k, x in DATASHEET_PEAK_FLOPS["NVIDIA A100 SXM"].items() if isinstance(x, float)]
+    assert str(e.value) == f"hardware_peak_flops: NVIDIA A100 SXM has no float64 figure; fix: use one of {figures}"
+    with pytest.raises(ValueError) as e:
+        metrics.hardware_peak_flops("bfloat16")
+    assert str(e.value) == "hardware_peak_flops: dtype='bfloat16' on CPU is not modelled; fix: use float32"
+    monkeypatch.setattr(metrics, "max_clock_mhz", lambda: (None, "/proc/cpuinfo cpu MHz"))
+    with pytest.raises(ValueError) as e:
+        metrics.hardware_peak_flops()
+    assert str(e.value) == "hardware_peak_flops: the CPU reports no clock; fix: pass device= with a datasheet entry"
+    assert metrics.hardware_peak_flops("bfloat16", device="NVIDIA A100 SXM", verbose=True) == 312e12
+    assert capsys.readouterr().out == (f"MFU denominator: NVIDIA A100 SXM datasheet bfloat16 peak 312.0 TFLOP/s "
+                                       f"({DATASHEET_PEAK_FLOPS['NVIDIA A100 SXM']['source']})\n")
