@@ -255,3 +255,14 @@ def test_hardware_peak_refusals_and_the_datasheet_line(monkeypatch, capsys):
     assert metrics.hardware_peak_flops("bfloat16", device="NVIDIA A100 SXM", verbose=True) == 312e12
     assert capsys.readouterr().out == (f"MFU denominator: NVIDIA A100 SXM datasheet bfloat16 peak 312.0 TFLOP/s "
                                        f"({DATASHEET_PEAK_FLOPS['NVIDIA A100 SXM']['source']})\n")
+
+
+def test_share_of_achievable_uses_the_peak_it_is_given_and_names_a_bad_count(tmp_path, monkeypatch):
+    import json
+    from mshelpers.metrics import _peak_key, share_of_achievable
+    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(tmp_path / "peak.json"))
+    (tmp_path / "peak.json").write_text(json.dumps({_peak_key("float32")[2]: {"flops": 4000.0}}))
+    assert share_of_achievable(100, 10, n_devices=2, measured_peak_flops=1000) == 0.5   # 100 x 10 / (2 x 1000)
+    with pytest.raises(ValueError) as e:
+        share_of_achievable(100, 10, n_devices=0, measured_peak_flops=1000)
+    assert str(e.value) == "share_of_achievable: n_devices=0 is invalid; fix: pass a positive integer"
