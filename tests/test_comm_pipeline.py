@@ -291,7 +291,9 @@ def test_backward_compatible_ops_are_five_tuples():
 
 # ---------------------------------------------------------------- a real 2-rank measurement (msrun, ~30 s)
 def test_two_rank_measurement_gives_a_time_or_a_reason_for_every_op(tmp_path):
-    sizes = [4096, 65536, 1 << 20]
+    # up to 16 MiB: a 1 MiB all-reduce takes ~5 ms here, and a 4 KiB one once took 36 ms while another test
+    # ran beside it (stop 29's CI), so sizes up to 1 MiB left the fit below without growth; 16 MiB takes ~100 ms
+    sizes = [4096, 65536, 1 << 20, 16 << 20]
     ops = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
     rows = parallel.measure_collectives(2, sizes=sizes, ops=ops, repeats=3, log_dir=tmp_path)
     assert [(r["op"], r["bytes"]) for r in rows] == [(o, b) for o in ops for b in sizes]
