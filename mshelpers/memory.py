@@ -1040,11 +1040,6 @@ def human_bytes(n: float) -> str:
     return f"{n:.2f} TiB"
 
 
-def _pos_int(cfg: Any, name: str) -> int:
-    v = cfg.get(name) if isinstance(cfg, Mapping) else getattr(cfg, name, None)
-    return _pos_count("llama_param_count", f"cfg.{name}", v)
-
-
 def _pos_count(fn: str, name: str, v: Any, zero_ok: bool = False) -> int:
     """A count from an int, a numpy integer or a float with an integral value (7e9); else one ValueError."""
     if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v)) \

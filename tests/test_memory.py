@@ -222,7 +222,9 @@ def test_bad_input_raises_one_clear_value_error(call, field):
     assert field in msg and "fix" in msg.lower() or "RunConfig." in msg and field in msg
 
 
-def test_measure_peak_rejects_functions_a_fresh_process_cannot_import():
+# Named without "measure_peak": `make mutate` deselects those (their RSS figures are mutmut's under it), and
+# these run in mutmut's runner too. None of them asserts an RSS size.
+def test_a_function_a_fresh_process_cannot_import_is_refused_before_a_process_starts():
     with pytest.raises(ValueError, match="lambda"):
         measure_peak(lambda: 1)
 
@@ -230,6 +232,88 @@ def test_measure_peak_rejects_functions_a_fresh_process_cannot_import():
         return 1
     with pytest.raises(ValueError, match="closure"):
         measure_peak(local)
+    with pytest.raises(ValueError, match="fn=3 is not callable; fix"):
+        measure_peak(3)
+    with pytest.raises(ValueError, match="__main__"):
+        measure_peak(type("F", (), {"__call__": lambda self: 1, "__module__": "__main__"})())
+
+
+@pytest.mark.parametrize("parallel", [0, -1, True, 1.5, "2"])
+def test_peaks_in_parallel_need_a_positive_integer(parallel):
+    with pytest.raises(ValueError, match=f"parallel={parallel!r} is invalid; fix: pass a positive integer"):
+        memory.measure_peaks(memory.allocate_bytes, [(1,)], parallel=parallel)
+
+
+def test_allocate_bytes_touches_what_it_is_asked_and_holds():
+    import time
+    assert memory.allocate_bytes(0) == 0 and memory.allocate_bytes(10_000) == 10_000
+    t0 = time.perf_counter()
+    assert memory.allocate_bytes(4096, hold_s=0.2) == 4096
+    assert time.perf_counter() - t0 >= 0.2
+    with pytest.raises(ValueError):
+        memory.allocate_bytes(-1)
+
+
+def test_rss_is_read_from_proc_and_falls_back_to_getrusage():
+    import resource
+    rss, hwm = memory._rss_bytes(), memory._rss_bytes("VmHWM")
+    assert 10 * 2**20 < rss <= hwm                       # bytes, not KiB
+    with open("/proc/self/status") as f:
+        kib = {l.split(":")[0]: int(l.split()[1]) for l in f if l.startswith(("VmRSS:", "VmHWM:"))}
+    assert abs(memory._rss_bytes() - kib["VmRSS"] * 1024) < 64 * 2**20
+    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert memory._rss_bytes("NoSuchField") == pytest.approx(ru, rel=0.05)
+
+
+def test_the_child_body_preloads_then_measures_the_work_alone():
+    import sys
+    name = "colorsys" if "colorsys" not in sys.modules else "this_module_does_not_exist_either"
+    if name == "colorsys":
+        out = memory._peak_child(memory.allocate_bytes, (64 * 2**20,), {"hold_s": 0.05}, (name,))
+        assert name in sys.modules                                      # preloaded before the baseline
+        assert set(out) == {"value", "wall_s", "baseline", "peak_rss", "device_peak"}
+        assert out["value"] == 64 * 2**20 and out["wall_s"] >= 0.05
+        assert 0 < out["baseline"] <= out["peak_rss"]
+        assert out["device_peak"] == (0 if "mindspore" in sys.modules else None)     # CPU: no device pool
+    with pytest.raises(ModuleNotFoundError):
+        memory._peak_child(memory.allocate_bytes, (1,), {}, ("this_module_does_not_exist_either",))
+
+
+def test_a_spawned_child_returns_raises_times_out_or_dies_with_one_clear_error():
+    import os
+    import time
+    assert memory._run_spawned(os.getenv, ("MSH_SPAWN_VAR",), 120, {"MSH_SPAWN_VAR": 7}, os.getenv) == "7"
+    assert "MSH_SPAWN_VAR" not in os.environ
+    assert memory._run_spawned(os.getenv, ("MSH_SPAWN_VAR",), 120, None, os.getenv) is None
+    with pytest.raises(RuntimeError, match=r"measure_peak: int failed in the child: ValueError: invalid literal"):
+        memory._run_spawned(int, ("x",), 120, None, int)
+    with pytest.raises(RuntimeError, match=r"measure_peak: the child running _exit died with exit code 3"):
+        memory._run_spawned(os._exit, (3,), 120, None, os._exit)
+    with pytest.raises(TimeoutError, match=r"measure_peak: sleep did not finish within timeout=1.5s"):
+        memory._run_spawned(time.sleep, (60,), 1.5, None, time.sleep)
+
+
+def test_a_peak_in_a_fresh_process_reports_every_field():
+    import os
+    r = memory.measure_peak(memory.allocate_bytes, 4096, preload="json", hold_s=0.1)
+    assert r.value == 4096 and r.wall_s >= 0.1
+    assert r.source == "rss" and r.device_peak_bytes is None            # no MindSpore in the child
+    assert r.peak_bytes == r.peak_rss_bytes >= r.baseline_rss_bytes > 0
+    assert r.work_rss_bytes == r.peak_rss_bytes - r.baseline_rss_bytes
+    assert memory.measure_peak(os.getenv, "MSH_SPAWN_VAR", env={"MSH_SPAWN_VAR": "v"}).value == "v"
+    with pytest.raises(TimeoutError, match="timeout=1.5s"):
+        memory.measure_peak(memory.allocate_bytes, 1, hold_s=60, timeout=1.5)
+    rs = memory.measure_peaks(os.getenv, [("MSH_SPAWN_VAR",), ("HOME",)], parallel=2, env={"MSH_SPAWN_VAR": "w"})
+    assert [x.value for x in rs] == ["w", os.environ.get("HOME")]
+
+
+def test_train_for_peak_runs_the_config_and_returns_its_summary():
+    from mshelpers.config import RunConfig, build_dir
+    cfg = RunConfig.preset("tiny").replace(mode="pynative", name="tfp")
+    s = memory.train_for_peak(cfg, 2)
+    assert s["steps"] == 2 and s["run"] == "tfp" and s["mode"] == "pynative" and s["final_loss"] > 0
+    csv = build_dir("memory") / f"tfp-pynative-b{cfg.batch_size}-s{cfg.seq_len}-none-acc1.csv"
+    assert [r["step"] for r in __import__("mshelpers.table", fromlist=["read_csv"]).read_csv(csv)][-2:] == [1, 2]
 
 
 # ---------------------------------------------------------------- measurement
@@ -273,4 +357,10 @@ def test_concurrent_measure_peaks_each_child_sees_its_own_env():
 
 
 def test_doctests():
-    assert doctest.testmod(memory).failed == 0
+    # the module's own examples only: under `make mutate` the module also holds mutmut's copy of every function
+    # (x_name__mutmut_N), docstrings included, which multiplied the examples ~80x and each mutant's run with them
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
+    for t in finder.find(memory):
+        if "__mutmut_" not in t.name:
+            runner.run(t)
+    assert runner.tries > 10 and runner.failures == 0

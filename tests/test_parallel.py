@@ -19,7 +19,13 @@ MINI = RunConfig.preset("mini")
 
 
 def test_doctests():
-    assert doctest.testmod(parallel).failed == 0
+    # the module's own examples only: under `make mutate` the module also holds mutmut's copy of every function
+    # (x_name__mutmut_N), docstrings included, which multiplied the examples ~80x and each mutant's run with them
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
+    for t in finder.find(parallel):
+        if "__mutmut_" not in t.name:
+            runner.run(t)
+    assert runner.tries > 10 and runner.failures == 0
 
 
 # ---------------------------------------------------------------- bubble
