@@ -329,3 +329,139 @@ def test_recompute_config_forms():
     plain["recompute_config"] = {}
     got, ref = (estimate_from_mindformers_yaml(x)["per_stage_totals"] for x in (d, plain))
     assert got[0] < ref[0] and got[1:] == ref[1:]
+
+
+# ---------------------------------------------------------------- every default and every message, exactly
+MINIMAL = {"model": {"model_config": {"hidden_size": 64, "num_layers": 4, "num_heads": 4, "vocab_size": 1000,
+                                      "seq_length": 32}}}
+
+
+def test_a_minimal_yaml_takes_every_documented_default():
+    e = estimate_from_mindformers_yaml(copy.deepcopy(MINIMAL))
+    ffn = mindformers_ffn_size(64, 256, None, None)
+    per_layer = 2 * 64 * 64 + 2 * 64 * 4 * 16 + 3 * 64 * ffn + 2 * 64
+    n = 2 * 1000 * 64 + 4 * per_layer + 64
+    # one stage holding everything: the embedding (not split: vocab_emb_dp), the layers, lm_head and the norm
+    want = estimate_stage(stage_params=4 * per_layer + 1000 * 64 + 1000 * 64 + 64, layers=4, seq_len=32,
+                          micro_batch=1, hidden_size=64, num_heads=4, vocab_size=1000, num_kv_heads=4,
+                          ffn_hidden_size=ffn, arch="llama", dp=1, tp=1, sequence_parallel=False,
+                          flash_attention=False, full_recompute_layers=0, select_recompute_layers=0,
+                          in_flight_micro_batches=1, accounting=(4, 4, 8), parallel_optimizer=False,
+                          grad_accum_buffer=False, shard_grad_accum=False, bytes_per_value=2, output_layer=True,
+                          overhead_bytes=0, n_params=n)
+    assert {k: e[k] for k in want} == want and e["n_params"] == n
+    assert {k: v for k, v in e.items() if k not in want} == dict(
+        stage=0, per_stage_totals=[want["total"]], devices=1, layout="dp1-mp1-pp1", dp=1, tp=1, pp=1,
+        micro_batch_num=1, micro_batch=1, grad_accum_steps=1, optimizer="AdamWeightDecay", parallel_optimizer=False,
+        budget=None, fits=None, headroom=None, source="<dict>")
+
+
+def test_each_field_read_changes_the_estimate_the_documented_way():
+    def est(**sections):
+        d = copy.deepcopy(MINIMAL)
+        for sec, kv in sections.items():
+            if sec == "mc":
+                d["model"]["model_config"].update(kv)
+            else:
+                d.setdefault(sec, {}).update(kv)
+        return estimate_from_mindformers_yaml(d)
+    base = est()
+    assert est(mc={"n_kv_heads": 2})["n_params"] == est(mc={"num_kv_heads": 2})["n_params"] < base["n_params"]
+    assert est(mc={"intermediate_size": 100})["n_params"] == base["n_params"] - 4 * 3 * 64 * (
+        mindformers_ffn_size(64, 256, None, None) - 100)
+    assert est(mc={"multiple_of": 32})["n_params"] != base["n_params"]
+    assert est(mc={"ffn_dim_multiplier": 3.0})["n_params"] != base["n_params"]
+    for dt in ("float16", "bfloat16", "fp16", "bf16"):
+        assert est(mc={"param_init_type": dt})["params"] * 2 == base["params"]
+        assert est(mc={"compute_dtype": dt})["activations"] == base["activations"]
+    assert est(mc={"compute_dtype": "float32"})["activations"] > base["activations"]
+    assert est(mc={"use_flash_attention": True})["activations"] < base["activations"]
+    sgd, mom = est(optimizer={"type": "SGD"}), est(optimizer={"type": "Momentum"})
+    assert sgd["optimizer"] == "SGD" and sgd["optimizer_states"] * 2 == base["optimizer_states"] == \
+        mom["optimizer_states"] * 2
+    assert est(runner_config={"batch_size": 3})["micro_batch"] == 3
+    acc = est(runner_config={"gradient_accumulation_steps": 4})
+    assert acc["grad_accum_steps"] == 4 and acc["total"] > base["total"]
+    assert est(runner_config={"gradient_accumulation_steps": 0})["grad_accum_steps"] == 1
+    dp = est(parallel_config={"data_parallel": 2}, parallel={"enable_parallel_optimizer": True})
+    assert dp["parallel_optimizer"] is True and dp["layout"] == "dp2-mp1-pp1" and dp["devices"] == 2
+    assert est(parallel={"enable_parallel_optimizer": True})["parallel_optimizer"] is False     # dp 1: nothing to slice
+    shard = dict(parallel_config={"data_parallel": 2}, runner_config={"gradient_accumulation_steps": 2})
+    assert est(**shard, parallel={"enable_parallel_optimizer": True, "parallel_optimizer_config":
+                                  {"gradient_accumulation_shard": True}})["total"] < \
+        est(**shard, parallel={"enable_parallel_optimizer": True})["total"]
+    tp = est(parallel_config={"model_parallel": 2})
+    assert tp["tp"] == 2 and tp["params"] < base["params"]
+    assert est(parallel_config={"model_parallel": 2, "use_seq_parallel": True})["activations"] < tp["activations"]
+    assert est(parallel_config={"use_seq_parallel": True})["activations"] == base["activations"]   # tp 1: no-op
+    assert est(parallel_config={"model_parallel": 2, "vocab_emb_dp": False})["params"] < tp["params"]
+    pp = est(parallel_config={"pipeline_stage": 2, "micro_batch_num": 4})
+    assert pp["pp"] == 2 and pp["micro_batch_num"] == 4 and len(pp["per_stage_totals"]) == 2
+    assert pp["total"] == max(pp["per_stage_totals"]) and pp["stage"] == pp["per_stage_totals"].index(pp["total"])
+    off = est(parallel_config={"pipeline_stage": 2}, mc={"offset": [1, -1]})
+    assert off["per_stage_totals"] != pp["per_stage_totals"]
+    rec = est(recompute_config={"recompute": True})
+    assert rec["activations"] < base["activations"]
+    assert base["activations"] > est(recompute_config={"select_recompute": True})["activations"] > rec["activations"]
+    fit = est(context={"max_device_memory": "1GB"})
+    assert fit["budget"] == 2**30 and fit["fits"] is True and fit["headroom"] == 2**30 - fit["total"]
+    tight = estimate_from_mindformers_yaml(copy.deepcopy(MINIMAL), budget_bytes=base["total"] - 1)
+    assert tight["fits"] is False and tight["headroom"] == -1 and tight["budget"] == base["total"] - 1
+    assert estimate_from_mindformers_yaml(copy.deepcopy(MINIMAL), overhead_bytes=1000)["total"] == base["total"] + 1000
+    assert estimate_from_mindformers_yaml(copy.deepcopy(MINIMAL), in_flight_micro_batches=2)["activations"] > \
+        base["activations"]
+
+
+def test_the_source_is_the_path_or_dict(tmp_path):
+    p = tmp_path / "x.yaml"
+    p.write_text(yaml.safe_dump(MINIMAL))
+    assert estimate_from_mindformers_yaml(p)["source"] == str(p)
+    assert estimate_from_mindformers_yaml(str(p))["source"] == str(p)
+    assert estimate_from_mindformers_yaml(copy.deepcopy(MINIMAL))["source"] == "<dict>"
+
+
+F = "estimate_from_mindformers_yaml: "
+
+
+@pytest.mark.parametrize("key", ["hidden_size", "num_layers", "num_heads", "vocab_size", "seq_length"])
+def test_a_missing_model_field_is_named_with_its_section_and_source(tmp_path, key):
+    d = copy.deepcopy(MINIMAL)
+    del d["model"]["model_config"][key]
+    with pytest.raises(ValueError) as err:
+        estimate_from_mindformers_yaml(d)
+    assert str(err.value) == f"{F}model.model_config.{key} is missing in <dict>; fix: set it in the YAML"
+    d["model"]["model_config"][key] = None
+    p = tmp_path / "y.yaml"
+    p.write_text(yaml.safe_dump(d))
+    with pytest.raises(ValueError) as err:
+        estimate_from_mindformers_yaml(p)
+    assert str(err.value) == f"{F}model.model_config.{key} is missing in {p}; fix: set it in the YAML"
+
+
+def test_every_refusal_is_one_exact_line(tmp_path):
+    def msg(d, **kw):
+        with pytest.raises(ValueError) as err:
+            estimate_from_mindformers_yaml(d, **kw)
+        return str(err.value)
+    assert msg({"parallel_config": {}}) == f"{F}<dict> has no model.model_config; fix: pass a mindformers training YAML"
+    p = tmp_path / "empty.yaml"
+    p.write_text("")
+    assert msg(p) == f"{F}{p} has no model.model_config; fix: pass a mindformers training YAML"
+    for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num"):
+        d = copy.deepcopy(MINIMAL)
+        d["parallel_config"] = {name: 0}
+        assert msg(d).startswith(f"{F}parallel_config.{name}=0 is invalid; fix: pass a positive integer")
+    d = copy.deepcopy(MINIMAL)
+    d["parallel_config"], d["model"]["model_config"]["offset"] = {"pipeline_stage": 2}, 1
+    assert msg(d) == (f"{F}model_config.offset=1 (a single nonzero int) is not supported; "
+                      "fix: give a list of 2 per-stage offsets")
+    d["model"]["model_config"]["offset"] = [3, 0]
+    assert msg(d) == (f"{F}num_layers=4, pipeline_stage=2 and offset=[3, 0] do not give 2 positive stage sizes "
+                      "summing to 4; fix: make L divisible by pp or set offset")
+    d["model"]["model_config"]["offset"] = [2, -2]
+    assert "do not give 2 positive stage sizes" in msg(d)
+    d["parallel_config"] = {"pipeline_stage": 3}
+    d["model"]["model_config"]["offset"] = 0
+    assert "pipeline_stage=3 and offset=0 do not give 3 positive stage sizes summing to 4" in msg(d)
+    assert msg(copy.deepcopy(MINIMAL), in_flight_micro_batches=[1, 2]) == (
+        f"{F}in_flight_micro_batches has 2 entries for 1 stages; fix: pass one number per stage")
