@@ -465,3 +465,24 @@ def test_every_refusal_is_one_exact_line(tmp_path):
     assert "pipeline_stage=3 and offset=0 do not give 3 positive stage sizes summing to 4" in msg(d)
     assert msg(copy.deepcopy(MINIMAL), in_flight_micro_batches=[1, 2]) == (
         f"{F}in_flight_micro_batches has 2 entries for 1 stages; fix: pass one number per stage")
+
+
+def test_recompute_counts_per_stage_in_every_form():
+    from mshelpers.memory import _stage_counts
+    L = [4, 2]
+    assert _stage_counts(None, L, "recompute") == _stage_counts(False, L, "recompute") == [0, 0]
+    assert _stage_counts(True, L, "recompute") == [4, 2] and _stage_counts(3, L, "recompute") == [3, 2]
+    assert _stage_counts([True, False], L, "recompute") == [4, 0]
+    assert _stage_counts([False, True], L, "recompute") == [0, 2]
+    assert _stage_counts([1, 5], L, "recompute") == [1, 2] and _stage_counts([True, 1], L, "recompute") == [4, 1]
+    assert _stage_counts(["feed_forward"], L, "recompute") == [4, 2] and _stage_counts([], L, "recompute") == [0, 0]
+    assert _stage_counts({}, L, "recompute") == [0, 0]
+    assert _stage_counts({"a": [1, 0], "b": [0, 2]}, L, "select_recompute") == [1, 2]
+    assert _stage_counts({"a": True, "b": [1, 0]}, L, "select_recompute") == [4, 2]
+    for bad, shown in (({"w\\.mul": 1.5}, "1.5"), ([[1, 2], [0, 1]], "[[1, 2], [0, 1]]"), ([1, 2, 3], "[1, 2, 3]")):
+        with pytest.raises(ValueError) as err:
+            _stage_counts(bad, L, "select_recompute")
+        assert str(err.value) == (
+            f"estimate_from_mindformers_yaml: recompute_config.select_recompute={shown} is not understood; "
+            "fix: use a bool, a list of 2 per-stage layer counts, op patterns, or a dict of those "
+            "(pipeline interleave lists of lists are not supported)")
