@@ -145,3 +145,68 @@ def test_as_callback_turns_a_logger_built_before_mindspore_into_a_callback():
     assert not isinstance(log, Callback)
     assert log.as_callback() is log and isinstance(log, Callback) and isinstance(log, StepLogger)
     assert type(log) is cls and type(log.as_callback()) is cls          # once converted, it stays the same class
+
+
+# ---- the callback hooks, value by value: MindSpore hands them a run_context whose original_args() holds
+# net_outputs, cur_step_num and the optimizer (on cb.optimizer or cb.train_network.optimizer)
+class _RunContext:
+    def __init__(self, **cb):
+        self.cb = __import__("types").SimpleNamespace(**cb)
+
+    def original_args(self):
+        return self.cb
+
+
+def _hook_row(log, sleep_s=0.0, **cb):
+    import time
+    log.on_train_step_begin(_RunContext(**cb))
+    time.sleep(sleep_s)
+    log.on_train_step_end(_RunContext(**cb))
+    return log.rows[-1]
+
+
+def test_each_value_a_callback_step_logs_comes_from_where_the_contract_says(tmp_path):
+    import math
+    import mindspore as ms
+    import numpy as np
+    opt = __import__("types").SimpleNamespace(learning_rate=ms.Tensor(np.float32(0.25)))
+    kw = dict(tokens_per_step=100, flops_per_token=10.0, peak_flops_per_device=1e6)
+    log = StepLogger(tmp_path / "a.csv", **kw)
+    r = _hook_row(log, 0.05, net_outputs=ms.Tensor(np.float32(2.5)), cur_step_num=7, optimizer=opt)
+    assert (r["step"], r["loss"], r["lr"]) == (7, 2.5, 0.25) and math.isnan(r["grad_norm"])
+    assert r["overflow"] is False and r["loss_scale"] == 1.0 and r["spike"] is False
+    assert 0.05 <= r["step_time_s"] < 1.0 and r["tokens_per_s"] == pytest.approx(100 / r["step_time_s"])
+    assert r["mfu"] == pytest.approx(r["tokens_per_s"] * 10.0 / 1e6)
+    assert read_csv(tmp_path / "a.csv")[-1]["step"] == 7
+    # the optimizer found on the train network when the callback args have none
+    r = _hook_row(log, net_outputs=1.5, cur_step_num=8, optimizer=None,
+                  train_network=__import__("types").SimpleNamespace(optimizer=opt))
+    assert (r["step"], r["loss"], r["lr"]) == (8, 1.5, 0.25)
+    assert math.isnan(_hook_row(log, net_outputs=1.0, cur_step_num=9)["lr"])      # no optimizer at all
+    # lr_fn and grad_norm_fn are asked with the step number
+    log = StepLogger(None, lr_fn=lambda s: s / 100, grad_norm_fn=lambda s: s * 2.0, **kw)
+    r = _hook_row(log, net_outputs=3.0, cur_step_num=4, optimizer=opt)
+    assert (r["lr"], r["grad_norm"]) == (0.04, 8.0)
+    # what the outputs function returns wins over both, overflow and scale included
+    log = StepLogger(None, lr_fn=lambda s: 9.0, grad_norm_fn=lambda s: 9.0, **kw,
+                     outputs=lambda out: {"loss": out[0], "lr": 0.5, "grad_norm": 1.25, "overflow": 1,
+                                          "loss_scale": 512.0})
+    r = _hook_row(log, net_outputs=(2.0, 0), cur_step_num=5, optimizer=opt)
+    assert (r["loss"], r["lr"], r["grad_norm"], r["overflow"], r["loss_scale"]) == (2.0, 0.5, 1.25, True, 512.0)
+    log = StepLogger(None, outputs="loss_overflow_scale", **kw)
+    r = _hook_row(log, net_outputs=(ms.Tensor(np.float32(4.0)), ms.Tensor(True), ms.Tensor(np.float32(64.0))),
+                  cur_step_num=2)
+    assert (r["loss"], r["overflow"], r["loss_scale"]) == (4.0, True, 64.0)
+
+
+def test_a_fixed_lr_is_read_and_a_schedule_is_nan():
+    import math
+    import mindspore as ms
+    import numpy as np
+    ns = __import__("types").SimpleNamespace
+    assert metrics._fixed_lr(ns(learning_rate=ms.Tensor(np.float32(0.125)))) == 0.125
+    assert metrics._fixed_lr(ns(learning_rate=ms.Parameter(ms.Tensor(np.array([0.5], np.float32))))) == 0.5
+    for opt in (None, ns(), ns(learning_rate=None), ns(learning_rate=0.1),
+                ns(learning_rate=ms.Tensor(np.array([0.1, 0.2], np.float32))),
+                ns(learning_rate=ns(asnumpy=lambda: 1 / 0))):
+        assert math.isnan(metrics._fixed_lr(opt)), opt
