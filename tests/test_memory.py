@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import doctest
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -246,7 +247,9 @@ def test_peaks_in_parallel_need_a_positive_integer(parallel):
 
 def test_allocate_bytes_touches_what_it_is_asked_and_holds():
     import time
+    t0 = time.perf_counter()
     assert memory.allocate_bytes(0) == 0 and memory.allocate_bytes(10_000) == 10_000
+    assert time.perf_counter() - t0 < 0.5                               # no hold by default
     t0 = time.perf_counter()
     assert memory.allocate_bytes(4096, hold_s=0.2) == 4096
     assert time.perf_counter() - t0 >= 0.2
@@ -254,29 +257,46 @@ def test_allocate_bytes_touches_what_it_is_asked_and_holds():
         memory.allocate_bytes(-1)
 
 
+def _proc_status_kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
+
+
 def test_rss_is_read_from_proc_and_falls_back_to_getrusage():
     import resource
-    rss, hwm = memory._rss_bytes(), memory._rss_bytes("VmHWM")
-    assert 10 * 2**20 < rss <= hwm                       # bytes, not KiB
-    with open("/proc/self/status") as f:
-        kib = {l.split(":")[0]: int(l.split()[1]) for l in f if l.startswith(("VmRSS:", "VmHWM:"))}
-    assert abs(memory._rss_bytes() - kib["VmRSS"] * 1024) < 64 * 2**20
-    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    assert memory._rss_bytes("NoSuchField") == pytest.approx(ru, rel=0.05)
+    assert 10 * 2**20 < memory._rss_bytes() <= memory._rss_bytes("VmHWM")      # bytes, not KiB
+    lo, got, hi = _proc_status_kib("VmHWM"), memory._rss_bytes("VmHWM"), _proc_status_kib("VmHWM")
+    assert lo * 1024 <= got <= hi * 1024                  # the peak only grows: bracketed, exact in KiB
+    ru = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024     # Linux: KiB
+    lo, got, hi = ru(), memory._rss_bytes("NoSuchField"), ru()
+    assert lo <= got <= hi
 
 
-def test_the_child_body_preloads_then_measures_the_work_alone():
+def test_the_child_body_preloads_then_measures_the_work_alone(tmp_path, monkeypatch):
+    import functools
     import sys
-    name = "colorsys" if "colorsys" not in sys.modules else "this_module_does_not_exist_either"
-    if name == "colorsys":
-        out = memory._peak_child(memory.allocate_bytes, (64 * 2**20,), {"hold_s": 0.05}, (name,))
-        assert name in sys.modules                                      # preloaded before the baseline
-        assert set(out) == {"value", "wall_s", "baseline", "peak_rss", "device_peak"}
-        assert out["value"] == 64 * 2**20 and out["wall_s"] >= 0.05
-        assert 0 < out["baseline"] <= out["peak_rss"]
-        assert out["device_peak"] == (0 if "mindspore" in sys.modules else None)     # CPU: no device pool
+    name = f"msh_preload_probe_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert name not in sys.modules
+    out = memory._peak_child(memory.allocate_bytes, (64 * 2**20,), {"hold_s": 0.05}, (name,))
+    assert name in sys.modules                                      # preloaded before the baseline
+    assert set(out) == {"value", "wall_s", "baseline", "peak_rss", "device_peak"}
+    assert out["value"] == 64 * 2**20 and 0.05 <= out["wall_s"] < 5
+    assert 0 < out["baseline"] <= out["peak_rss"]
+    assert out["device_peak"] == (0 if "mindspore" in sys.modules else None)     # CPU: no device pool
     with pytest.raises(ModuleNotFoundError):
-        memory._peak_child(memory.allocate_bytes, (1,), {}, ("this_module_does_not_exist_either",))
+        memory._peak_child(memory.allocate_bytes, (1,), {}, ("msh_no_such_module_anywhere",))
+    # quiet sends the child's stdout and stderr to /dev/null (fds 1 and 2 put back here afterwards)
+    where = lambda: (os.readlink("/proc/self/fd/1"), os.readlink("/proc/self/fd/2"))
+    assert memory._peak_child(where, (), {}, ())["value"] != (os.devnull, os.devnull)      # not quiet by default
+    saved = os.dup(1), os.dup(2)
+    try:
+        got = memory._peak_child(where, (), {}, (), quiet=True)["value"]
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+    assert got == (os.devnull, os.devnull)
 
 
 def test_a_spawned_child_returns_raises_times_out_or_dies_with_one_clear_error():
@@ -295,8 +315,9 @@ def test_a_spawned_child_returns_raises_times_out_or_dies_with_one_clear_error()
 
 def test_a_peak_in_a_fresh_process_reports_every_field():
     import os
-    r = memory.measure_peak(memory.allocate_bytes, 4096, preload="json", hold_s=0.1)
-    assert r.value == 4096 and r.wall_s >= 0.1
+    r = memory.measure_peak(memory.allocate_bytes, 128 * 2**20, preload="json", hold_s=0.1)
+    assert r.value == 128 * 2**20 and r.wall_s >= 0.1
+    assert r.work_rss_bytes >= 0.95 * 128 * 2**20                        # every page touched, so resident
     assert r.source == "rss" and r.device_peak_bytes is None            # no MindSpore in the child
     assert r.peak_bytes == r.peak_rss_bytes >= r.baseline_rss_bytes > 0
     assert r.work_rss_bytes == r.peak_rss_bytes - r.baseline_rss_bytes
