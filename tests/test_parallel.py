@@ -284,3 +284,35 @@ def test_two_rank_data_parallel_matches_one_process_with_twice_the_batch(tmp_pat
     assert abs(dp[0] - single[0]) < 1e-4                  # same weights, same data: rounding only
     assert np.abs(dp - single).max() < 0.02               # the tolerance notebook 04 states
     assert dp[-1] < dp[0]                                 # and it trained
+
+
+def test_a_layout_row_names_and_rounds_every_field():
+    from mshelpers.parallel import Layout
+    G = 2**30
+    lay = Layout(dp=2, mp=4, pp=3, micro_batches=6, micro_batch_size=1, memory_per_device_bytes=int(1.234567 * G),
+                 comm_bytes_per_step=int(7.891 * G), bubble_fraction=2 / 7, comm_dp_bytes=int(0.5 * G),
+                 comm_tp_bytes=int(0.256 * G), comm_pp_bytes=int(0.125 * G))
+    assert lay.n_devices == 24 and lay.name == "2dp×4mp×3pp m=6"
+    assert lay.row() == {"layout": "2dp×4mp×3pp m=6", "dp": 2, "mp": 4, "pp": 3, "m": 6, "b_micro": 1,
+                         "memory_GiB": 1.23, "comm_GiB": 7.89, "dp_GiB": 0.5, "tp_GiB": 0.26, "pp_GiB": 0.12,
+                         "bubble": 0.286}
+    assert lay.row(unit=2**20)["memory_GiB"] == round(int(1.234567 * G) / 2**20, 2)
+    fit = Layout(**{**lay.__dict__, "fits": False, "step_time": {"step_s": 1.23456, "comm_share": 0.45678}})
+    assert fit.row() == {**lay.row(), "fits": False, "step_s": 1.235, "comm_share": 0.457}
+    assert Layout(**{**lay.__dict__, "fits": True}).row()["fits"] is True
+    assert Layout(**{**lay.__dict__, "schedule": "interleaved", "virtual_stages": 2}).name == \
+        "2dp×4mp×3pp m=6 interleaved v=2"
+    assert Layout(**{**lay.__dict__, "schedule": "gpipe"}).name == "2dp×4mp×3pp m=6 gpipe"
+
+
+def test_the_global_batch_of_a_mindformers_yaml():
+    from mshelpers.parallel import yaml_global_batch
+    spec = lambda pc, rc, **top: {"parallel_config": pc, "runner_config": rc, **top}
+    assert yaml_global_batch(spec({"data_parallel": 8}, {"batch_size": 2})) == 16
+    # micro-batches count only with a pipeline
+    assert yaml_global_batch(spec({"data_parallel": 2, "micro_batch_num": 4}, {"batch_size": 3})) == 6
+    assert yaml_global_batch(spec({"data_parallel": 2, "pipeline_stage": 2, "micro_batch_num": 4},
+                                  {"batch_size": 3})) == 24
+    assert yaml_global_batch(spec({"data_parallel": 2, "pipeline_stage": 2}, {"batch_size": 3})) == 6
+    assert yaml_global_batch(spec({"data_parallel": 2}, {"batch_size": 3, "gradient_accumulation_steps": 5})) == 30
+    assert yaml_global_batch(spec({"data_parallel": 2}, {"batch_size": 3}, micro_batch_interleave_num=2)) == 12
