@@ -739,7 +739,7 @@ def estimate_from_mindformers_yaml(path: Any, *, overhead_bytes: float = 0,
     out: dict[str, Any] = dict(stages[peak])
     if budget_bytes is None and ctx.get("max_device_memory") is not None:
         budget_bytes = parse_memory_size(ctx["max_device_memory"])
-    out.update(stage=peak, per_stage_totals=[e["total"] for e in stages], n_params=n_params,
+    out.update(stage=peak, per_stage_totals=[e["total"] for e in stages],    # n_params: in each stage's dict
                devices=dp * tp * pp, layout=f"dp{dp}-mp{tp}-pp{pp}", dp=dp, tp=tp, pp=pp, micro_batch_num=m,
                micro_batch=b, grad_accum_steps=accum_steps, optimizer=opt_type, parallel_optimizer=po,
                budget=None if budget_bytes is None else int(budget_bytes),

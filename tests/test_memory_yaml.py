@@ -486,3 +486,59 @@ def test_recompute_counts_per_stage_in_every_form():
             f"estimate_from_mindformers_yaml: recompute_config.select_recompute={shown} is not understood; "
             "fix: use a bool, a list of 2 per-stage layer counts, op patterns, or a dict of those "
             "(pipeline interleave lists of lists are not supported)")
+
+
+def test_integer_arithmetic_where_heads_or_the_vocabulary_do_not_divide(tmp_path):
+    def with_(mc=None, pc=None):
+        d = copy.deepcopy(MINIMAL)
+        d["model"]["model_config"].update(mc or {})
+        d["parallel_config"] = pc or {}
+        return estimate_from_mindformers_yaml(d)
+    ffn = mindformers_ffn_size(64, 256, None, None)
+    # 64 / 3 heads: d_head is 21 (floor), as mindformers' integer head size
+    e = with_({"num_heads": 3, "n_kv_heads": 3})
+    per_layer = 2 * 64 * 64 + 2 * 64 * 3 * 21 + 3 * 64 * ffn + 2 * 64
+    assert e["n_params"] == 2 * 1000 * 64 + 4 * per_layer + 64 and type(e["n_params"]) is int
+    # V*h = 64,064 over tp 3: the shards round up, in whole parameters
+    e = with_({"vocab_size": 1001}, {"model_parallel": 3})
+    per_layer = 2 * 64 * 64 + 2 * 64 * 4 * 16 + 3 * 64 * ffn + 2 * 64
+    stage = -(-4 * per_layer // 3) + 1001 * 64 + -(-1001 * 64 // 3) + 64
+    assert e["params"] == 4 * stage and all(type(e[k]) is int for k in ("params", "grads", "total"))
+    e = with_({"vocab_size": 1001}, {"model_parallel": 3, "vocab_emb_dp": False})
+    assert e["params"] == 4 * (stage - 1001 * 64 + -(-1001 * 64 // 3)) and type(e["total"]) is int
+
+
+def test_pipeline_details_offsets_buffers_and_the_budget_edge():
+    def with_(pc, mc=None, rn=None, **kw):
+        d = copy.deepcopy(MINIMAL)
+        d["parallel_config"] = pc
+        d["model"]["model_config"].update(mc or {})
+        d["runner_config"] = rn or {}
+        return estimate_from_mindformers_yaml(d, **kw)
+    # offset [1, -1] puts 3 layers on stage 0 and 1 on stage 1; [-1, 1] the other way
+    more, fewer = with_({"pipeline_stage": 2}, {"offset": [1, -1]}), with_({"pipeline_stage": 2}, {"offset": [-1, 1]})
+    assert more["per_stage_totals"][0] > fewer["per_stage_totals"][0]
+    assert more["per_stage_totals"][1] < fewer["per_stage_totals"][1]
+    # a gradient accumulation buffer: with accumulation, or a pipeline of more than one micro-batch
+    e11 = with_({"pipeline_stage": 2, "micro_batch_num": 1})
+    e22 = with_({"pipeline_stage": 2, "micro_batch_num": 2})
+    e12 = with_({"pipeline_stage": 1, "micro_batch_num": 2})
+    assert e22["total"] - e22["activations"] > e11["total"] - e11["activations"]     # the buffer, per stage
+    assert e12["total"] == with_({})["total"]                    # micro-batches without a pipeline: nothing
+    assert with_({}, rn={"gradient_accumulation_steps": 2})["total"] > with_({})["total"]
+    # 1F1B: stage i holds min(pp - i, m) micro-batches
+    e = with_({"pipeline_stage": 2, "micro_batch_num": 4}, in_flight_micro_batches=None)
+    same = with_({"pipeline_stage": 2, "micro_batch_num": 4}, in_flight_micro_batches=[2, 1])
+    assert e["per_stage_totals"] == same["per_stage_totals"]
+    # fits is total <= budget: the exact total fits
+    t = with_({})["total"]
+    assert with_({}, budget_bytes=t)["fits"] is True and with_({}, budget_bytes=t)["headroom"] == 0
+
+
+@pytest.mark.parametrize("key", ["recompute", "select_recompute"])
+def test_a_recompute_entry_not_understood_is_named_by_its_key(key):
+    d = copy.deepcopy(MINIMAL)
+    d["recompute_config"] = {key: 2.5}
+    with pytest.raises(ValueError) as err:
+        estimate_from_mindformers_yaml(d)
+    assert str(err.value).startswith(f"estimate_from_mindformers_yaml: recompute_config.{key}=2.5 is not understood")
