@@ -385,3 +385,109 @@ def test_doctests():
         if "__mutmut_" not in t.name:
             runner.run(t)
     assert runner.tries > 10 and runner.failures == 0
+
+
+# ---------------------------------------------------------------- exact values (mutation survivors)
+def test_human_bytes_at_every_unit_and_edge():
+    cases = {0: "0 B", 1023: "1023 B", 1024: "1.00 KiB", 1536: "1.50 KiB", 1024**2 - 1: "1024.00 KiB",
+             1536 * 1024: "1.50 MiB", 3 * 2**29: "1.50 GiB", 2**40: "1.00 TiB", 2**50: "1024.00 TiB",
+             -2048: "-2.00 KiB", 2.5 * 2**40: "2.50 TiB"}
+    assert {n: memory.human_bytes(n) for n in cases} == cases
+
+
+def test_model_state_bytes_defaults_and_the_parallel_optimizer():
+    assert memory.model_state_bytes(1000) == 16_000
+    assert memory.model_state_bytes(1000, dp=4) == 16_000                 # no ZeRO by default: nothing sliced
+    assert memory.model_state_bytes(1000, zero_stage=1) == 16_000          # dp 1 by default: nothing to slice over
+    assert memory.model_state_bytes(1000, zero_stage=1, dp=4) == sum(
+        memory.model_state_breakdown(1000, zero_stage=1, dp=4).values()) < 16_000
+    po = memory.model_state_bytes(1000, dp=4, parallel_optimizer=True)
+    assert po == sum(memory.model_state_breakdown(1000, dp=4, parallel_optimizer=True).values()) < 16_000
+
+
+@pytest.mark.parametrize("fn", ["fits", "max_batch_for_budget"])
+def test_budget_helpers_name_themselves_in_their_refusals(fn):
+    f = getattr(memory, fn)
+    mini = RunConfig.preset("mini")
+    with pytest.raises(ValueError) as err:
+        f(mini, -1)
+    assert str(err.value).startswith(f"{fn}: budget_bytes=-1 is invalid; fix: pass a positive number of bytes")
+    with pytest.raises(ValueError) as err:
+        f(None, 2**30)
+    assert str(err.value).startswith(f"{fn}: cfg=None is not a config; fix:")
+    with pytest.raises(ValueError) as err:
+        f({"hidden_size": 64}, 2**30)
+    assert str(err.value).startswith(f"{fn}: cfg lacks ")
+
+
+def _brute_max_batch(cfg, budget, unit, limit, **kw):
+    best, k = 0, 1
+    while k * unit <= limit and estimate(cfg.replace(batch_size=k * unit), **kw)["total"] <= budget:
+        best, k = k * unit, k + 1
+    return best
+
+
+def test_max_batch_for_budget_matches_a_linear_scan_and_respects_the_unit_and_limit():
+    mini = RunConfig.preset("mini")
+    one = estimate(mini.replace(batch_size=1))["total"]
+    per_seq = estimate(mini.replace(batch_size=2))["total"] - one
+    for budget in (one, one + per_seq - 1, one + per_seq, one + 37.5 * per_seq, one + 100 * per_seq):
+        r = max_batch_for_budget(mini, budget)
+        assert r == _brute_max_batch(mini, budget, 1, 1 << 20) and type(r) is int, budget
+    assert max_batch_for_budget(mini, one - 1) == 0
+    assert max_batch_for_budget(mini, one) == 1
+    # a layout object sets the unit dp * micro_batches (here 2 * 2 = 4)
+    lay = SimpleNamespace(dp=2, mp=1, pp=1, micro_batches=2)
+    budget = estimate(mini.replace(batch_size=4 * 9), layout=lay)["total"]
+    r = max_batch_for_budget(mini, budget, layout=lay)
+    assert r == _brute_max_batch(mini, budget, 4, 1 << 20, layout=lay) == 36 and type(r) is int
+    # the limit, in sequences, with unit 1 and unit 4
+    assert max_batch_for_budget(mini, 2**60, limit=64) == 64
+    assert max_batch_for_budget(mini, 2**60, limit=102, layout=lay) == 100
+    with pytest.raises(ValueError, match="zero_stage"):
+        max_batch_for_budget(mini, 2**30, zero_stage=7)
+
+
+def test_calibrate_exact_fits_and_every_refusal():
+    def es(acts, buf=None):
+        out = []
+        for a in acts:
+            e = {"activations": a, "params": 10, "grads": 10, "optimizer_states": 20}
+            if buf is not None:
+                e["grad_accum_buffer"] = buf
+            out.append(e)
+        return out
+    acts = (100, 200, 400)
+    # the gradient accumulation buffer counts as a model state; absent, it is 0
+    assert calibrate(es(acts, 50), [40 + 50 + 100 + 2 * a for a in acts]) == \
+        {"activation_scale": 2.0, "overhead_bytes": 100.0}
+    assert calibrate(es(acts), [40 + 100 + 2 * a for a in acts]) == {"activation_scale": 2.0, "overhead_bytes": 100.0}
+    r = calibrate(es(acts), [40 + 100.4 + a / 3 for a in acts])
+    assert r == {"activation_scale": 0.3333, "overhead_bytes": 100.0}             # 4 digits; whole bytes
+    assert calibrate(es(acts), [40 + 0.5 * a for a in acts])["activation_scale"] == 0.5      # below 1 is valid
+    assert calibrate(es(acts), [40 - 30 + 2 * a for a in acts])["overhead_bytes"] == 0.0    # a negative intercept
+    assert calibrate(es(acts[:1]), [40 + 7 + 3 * 100], overhead_bytes=7) == {"activation_scale": 3.0,
+                                                                             "overhead_bytes": 7}
+    assert calibrate(es(acts[:1]), [40 + 100 / 3], overhead_bytes=0)["activation_scale"] == 0.3333
+    assert calibrate(es(acts[:1]), [40 + 0.5 + 50], overhead_bytes=0.5)["activation_scale"] == 0.5
+
+    def msg(*a, **kw):
+        with pytest.raises(ValueError) as err:
+            calibrate(*a, **kw)
+        return str(err.value)
+    assert msg(es(acts[:1]), [1.0]) == ("calibrate: got 1 estimates and 1 measurements; fix: pass two equally long "
+                                        "lists with at least 2 run(s) of different sizes, or pass overhead_bytes")
+    assert msg([], [], overhead_bytes=0) == ("calibrate: got 0 estimates and 0 measurements; fix: pass two equally "
+                                             "long lists with at least 1 run(s)")
+    for bad in (-1, True, "5", None.__class__):
+        assert msg(es(acts[:1]), [500.0], overhead_bytes=bad) == \
+            f"calibrate: overhead_bytes={bad!r} is invalid; fix: pass a number >= 0"
+    assert msg(es(acts[:1]), [40 + 7], overhead_bytes=7) == (
+        "calibrate: the runs sit below overhead_bytes=7; "
+        "fix: pass the overhead fitted on the same kind of runs (same mode and device)")
+    assert msg(es((100, 100)), [500.0, 600.0]) == (
+        "calibrate: all runs have the same activation estimate; "
+        "fix: measure at least two different batch sizes or sequence lengths")
+    assert msg(es(acts), [140.0, 140.0, 140.0]) == (
+        "calibrate: measured peaks do not grow with the activations (slope=0); "
+        "fix: measure over a wider range of batch sizes, each in a fresh process")
