@@ -265,6 +265,9 @@ def _proc_status_kib(field):
 def test_rss_is_read_from_proc_and_falls_back_to_getrusage():
     import resource
     assert 10 * 2**20 < memory._rss_bytes() <= memory._rss_bytes("VmHWM")      # bytes, not KiB
+    memory.allocate_bytes(256 * 2**20)              # freed on return: the peak stays, the current RSS falls back
+    assert memory._rss_bytes() < memory._rss_bytes("VmHWM") - 200 * 2**20
+    assert abs(memory._rss_bytes() - _proc_status_kib("VmRSS") * 1024) < 16 * 2**20
     lo, got, hi = _proc_status_kib("VmHWM"), memory._rss_bytes("VmHWM"), _proc_status_kib("VmHWM")
     assert lo * 1024 <= got <= hi * 1024                  # the peak only grows: bracketed, exact in KiB
     ru = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024     # Linux: KiB
@@ -282,9 +285,15 @@ def test_the_child_body_preloads_then_measures_the_work_alone(tmp_path, monkeypa
     out = memory._peak_child(memory.allocate_bytes, (64 * 2**20,), {"hold_s": 0.05}, (name,))
     assert name in sys.modules                                      # preloaded before the baseline
     assert set(out) == {"value", "wall_s", "baseline", "peak_rss", "device_peak"}
-    assert out["value"] == 64 * 2**20 and 0.05 <= out["wall_s"] < 5
+    assert out["value"] == 64 * 2**20 and 0.05 <= out["wall_s"] < 1.5     # pages touched 4 KiB apart
     assert 0 < out["baseline"] <= out["peak_rss"]
     assert out["device_peak"] == (0 if "mindspore" in sys.modules else None)     # CPU: no device pool
+    # the baseline is the current RSS, the peak the high-water mark: after a freed 256 MiB they differ by it
+    memory.allocate_bytes(256 * 2**20)
+    out = memory._peak_child(memory.allocate_bytes, (2**20,), {}, ())
+    assert out["baseline"] < out["peak_rss"] - 200 * 2**20
+    monkeypatch.delitem(sys.modules, "mindspore", raising=False)     # a process that never imported MindSpore
+    assert memory._peak_child(memory.allocate_bytes, (1,), {}, ())["device_peak"] is None
     with pytest.raises(ModuleNotFoundError):
         memory._peak_child(memory.allocate_bytes, (1,), {}, ("msh_no_such_module_anywhere",))
     # quiet sends the child's stdout and stderr to /dev/null (fds 1 and 2 put back here afterwards)
