@@ -1142,7 +1142,8 @@ def _degrees(cfg: Any, n_devices: int, layout: Any) -> tuple[int, int, int, int]
     if layout is not None:
         try:
             dp = layout.dp
-            tp = getattr(layout, "mp", None) or getattr(layout, "tp")
+            mp = getattr(layout, "mp", None)     # mp=0 is a bad mp, not a reason to look for tp
+            tp = mp if mp is not None else getattr(layout, "tp")
             pp, micro = layout.pp, layout.micro_batches
         except AttributeError as e:
             raise ValueError(f"estimate: layout={layout!r} lacks {e}; fix: pass an object with "

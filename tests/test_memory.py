@@ -500,3 +500,72 @@ def test_calibrate_exact_fits_and_every_refusal():
     assert msg(es(acts), [140.0, 140.0, 140.0]) == (
         "calibrate: measured peaks do not grow with the activations (slope=0); "
         "fix: measure over a wider range of batch sizes, each in a fresh process")
+
+
+def test_parse_memory_size_in_every_spelling_and_its_refusal():
+    G = 2**30
+    ok = {1: 1, 7.9: 7, "58GB": 58 * G, "58gb": 58 * G, "512B": 512, "1 KiB": 1024, "2MB": 2 * 2**20,
+          " 1.5TB ": int(1.5 * 2**40), ".5GB": G // 2, "3 gib": 3 * G}
+    assert {k: memory.parse_memory_size(k) for k in ok} == ok
+    for bad in (0, -5, True, "0GB", "58 GBs", "abc", "5 XB", None):
+        with pytest.raises(ValueError) as err:
+            memory.parse_memory_size(bad)
+        assert str(err.value) == (f"parse_memory_size: {bad!r} is not a memory size; fix: write it as MindSpore "
+                                  "does, e.g. \"58GB\"")
+
+
+def test_mindformers_ffn_size_rounds_up_to_the_multiple():
+    # f = int(2 * 4h / 3): 96 -> 256 (a multiple already), 97 -> 258, 98 -> 261, 192 -> 512
+    cases = {(96, 64): 256, (96, 1): 256, (97, 256): 512, (98, 2): 262, (98, 1): 261, (192, 256): 512,
+             (4096, 256): 11008}
+    assert {k: memory.mindformers_ffn_size(*k) for k in cases} == cases
+    assert memory.mindformers_ffn_size(96, 64, intermediate_size=100) == 100
+
+
+def test_a_budget_must_be_a_positive_finite_number():
+    mini = RunConfig.preset("mini")
+    assert memory.fits(mini, 0.5) is False                         # tiny, but a budget
+    for bad in (0, -1, float("inf"), True, "16GB"):
+        with pytest.raises(ValueError) as err:
+            memory.fits(mini, bad)
+        assert str(err.value) == (f"fits: budget_bytes={bad!r} is invalid; fix: pass a positive number of bytes, "
+                                  "e.g. 16 * 2**30 for 16 GiB")
+
+
+def test_layout_and_device_degrees_and_their_refusals():
+    N = SimpleNamespace
+    mini = RunConfig.preset("mini")
+
+    def msg(cfg=mini, **kw):
+        with pytest.raises(ValueError) as err:
+            estimate(cfg, **kw)
+        return str(err.value)
+    lay = lambda **kw: N(**{"dp": 1, "mp": 1, "pp": 1, "micro_batches": 1, **kw})
+    # mp, or tp when the object calls it that
+    tp2 = estimate(mini, layout=N(dp=1, tp=2, pp=1, micro_batches=1))
+    assert tp2 == estimate(mini, layout=lay(mp=2)) != estimate(mini, layout=lay())
+    assert estimate(mini, layout=lay(dp=2, mp=2, pp=2, micro_batches=2), n_devices=8) == \
+        estimate(mini, layout=lay(dp=2, mp=2, pp=2, micro_batches=2))
+    assert msg(layout=N(dp=1, mp=1, pp=1)) == (
+        "estimate: layout=namespace(dp=1, mp=1, pp=1) lacks 'types.SimpleNamespace' object has no attribute "
+        "'micro_batches'; fix: pass an object with dp, mp (or tp), pp and micro_batches attributes")
+    for name in ("dp", "mp", "pp", "micro_batches"):
+        assert msg(layout=lay(**{name: 0})).startswith(f"estimate: layout.{name}=0 is invalid; fix: pass a positive")
+    assert msg(layout=lay(dp=2, mp=1, pp=2), n_devices=5) == (
+        "estimate: n_devices=5 does not match layout dp*mp*pp = 2*1*2 = 4; fix: pass n_devices=4 or omit it")
+    # from the config: dp = n_devices / (mp * pp)
+    c = mini.replace(mp=2, pp=2)
+    assert estimate(c, n_devices=8) == estimate(c, layout=lay(dp=2, mp=2, pp=2))
+    assert msg(c, n_devices=6) == ("estimate: n_devices=6 is not divisible by cfg.mp*cfg.pp = 4; "
+                                   "fix: use a multiple of 4")
+    assert msg(mini.replace(dp=3, mp=2, pp=2, batch_size=6), n_devices=8) == (
+        "estimate: n_devices=8 gives dp=2 but cfg.dp=3; fix: pass n_devices=12 or set cfg.dp=1")
+    assert estimate(mini, layout=lay(pp=4))["layers"] == 1                 # pp = num_layers is allowed
+    for pp in (3, 8):
+        assert msg(layout=lay(pp=pp)) == f"estimate: pp={pp} must divide num_layers=4; fix: pick a divisor"
+
+
+def test_llama_param_count_names_itself_in_its_refusal():
+    with pytest.raises(ValueError) as err:
+        llama_param_count({"hidden_size": 64})
+    assert str(err.value).startswith("llama_param_count: cfg lacks ")
