@@ -569,3 +569,139 @@ def test_llama_param_count_names_itself_in_its_refusal():
     with pytest.raises(ValueError) as err:
         llama_param_count({"hidden_size": 64})
     assert str(err.value).startswith("llama_param_count: cfg lacks ")
+
+
+# ---------------------------------------------------------------- every refusal, by its exact line
+_POS = "is invalid; fix: pass a positive integer"
+_STAGE = dict(stage_params=1000, layers=2, seq_len=8, micro_batch=1, hidden_size=16, num_heads=2, vocab_size=50)
+_CFG = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 100, "seq_len": 8, "batch_size": 2}
+_REFUSALS = [
+    *[(memory.activation_bytes_per_layer, (*[0 if i == j else v for j, v in enumerate((128, 8, 256, 4))],), {},
+       f"activation_bytes_per_layer: {n}=0 {_POS}") for i, n in enumerate(("seq_len", "batch", "hidden_size",
+                                                                             "n_heads"))],
+    (memory.activation_bytes_per_layer, (128, 8, 256, 4), {"tp": 0}, f"activation_bytes_per_layer: tp=0 {_POS}"),
+    *[(memory.activation_bytes_per_layer, (128, 8, 256, 4), {"bytes_per_value": b},
+       f"activation_bytes_per_layer: bytes_per_value={b!r} is invalid; fix: pass the activation width in bytes "
+       "(2 for fp16/bf16, 4 for fp32)") for b in (0, -2, True, "2")],
+    (memory.activation_bytes_per_layer, (128, 8, 256, 4), {"num_kv_heads": 0},
+     f"activation_bytes_per_layer: num_kv_heads=0 {_POS}"),
+    (memory.activation_bytes_per_layer, (128, 8, 256, 4), {"num_kv_heads": 3},
+     "activation_bytes_per_layer: num_kv_heads=3 must divide n_heads=4; fix: pass a divisor of n_heads "
+     "(None = multi-head attention)"),
+    (memory.activation_bytes_per_layer, (128, 8, 256, 4), {"arch": "llama"},
+     "activation_bytes_per_layer: ffn_hidden_size=None with arch='llama'; fix: pass the SwiGLU width, "
+     "e.g. 11008 for LLaMA-2 7B"),
+    (memory.activation_bytes_per_layer, (128, 8, 256, 4), {"ffn_hidden_size": 0},
+     f"activation_bytes_per_layer: ffn_hidden_size=0 {_POS}"),
+    *[(memory.estimate_stage, (), {**_STAGE, n: 0}, f"estimate_stage: {n}=0 {_POS}")
+      for n in ("stage_params", "layers", "in_flight_micro_batches")],
+    (memory.estimate_stage, (), {**_STAGE, "recompute": "some"},
+     "estimate_stage: recompute='some' is invalid; fix: use one of ('none', 'selective', 'full')"),
+    *[(memory.estimate_stage, (), {**_STAGE, n: -1}, f"estimate_stage: {n}=-1 is invalid; fix: pass a non-negative "
+       "integer") for n in ("full_recompute_layers", "select_recompute_layers")],
+    (memory.estimate_stage, (), {**_STAGE, "overhead_bytes": -1},
+     "estimate_stage: overhead_bytes=-1 is invalid; fix: pass a number >= 0"),
+    (memory.estimate, (_CFG,), {"overhead_bytes": -1}, "estimate: overhead_bytes=-1 is invalid; fix: pass a number >= 0"),
+    (memory.estimate, (_CFG,), {"activation_scale": 0},
+     "estimate: activation_scale=0 is invalid; fix: pass a positive number (1.0 = the formulas as published)"),
+    (memory.estimate, (_CFG,), {"n_devices": 0}, f"estimate: n_devices=0 {_POS}"),
+    (memory.estimate, (_CFG,), {"n_params": 0}, f"estimate: n_params=0 {_POS}"),
+    (memory.estimate, ({**_CFG, "batch_size": 6},), {"layout": SimpleNamespace(dp=2, mp=1, pp=1, micro_batches=2)},
+     "estimate: cfg.batch_size=6 is not divisible by dp*micro_batches = 2*2; fix: use a batch_size that is a "
+     "multiple of 4"),
+    (memory.estimate, ("x",), {}, "estimate: cfg='x' is not a config; fix: pass a RunConfig, a dict or an object "
+                                  "with fields hidden_size, num_layers, num_heads, vocab_size, seq_len, batch_size"),
+    (memory.estimate, ({"hidden_size": 64, "num_layers": 2},), {},
+     "estimate: cfg lacks num_heads, vocab_size, seq_len, batch_size; fix: give them as attributes or dict keys "
+     "(parallel fields dp, mp, pp, micro_batches, grad_accum default to 1)"),
+    (memory.estimate, ({k: v for k, v in _CFG.items() if k != "batch_size"},), {},
+     "estimate: cfg lacks batch_size; fix: give it as attributes or dict keys (parallel fields dp, mp, pp, "
+     "micro_batches, grad_accum default to 1)"),
+    (memory.estimate, ({**_CFG, "recompute": "x"},), {},
+     "estimate: cfg.recompute='x' is invalid; fix: one of ('none', 'selective', 'full')"),
+    (memory.estimate, ({**_CFG, "hidden_size": 0},), {}, f"estimate: cfg.hidden_size=0 {_POS}"),
+    (memory.estimate, (SimpleNamespace(**{**_CFG, "dp": 0}),), {}, f"estimate: cfg.dp=0 {_POS}"),
+]
+
+
+@pytest.mark.parametrize("fn, args, kw, line", _REFUSALS, ids=lambda x: getattr(x, "__name__", None))
+def test_each_refusal_is_its_exact_line(fn, args, kw, line):
+    with pytest.raises(ValueError) as err:
+        fn(*args, **kw)
+    assert str(err.value) == line
+
+
+def test_estimate_stage_defaults_and_what_each_switch_changes():
+    base = memory.estimate_stage(**_STAGE)
+    explicit = memory.estimate_stage(**_STAGE, arch="gpt", dp=1, tp=1, sequence_parallel=False, flash_attention=False,
+                                     recompute="none", in_flight_micro_batches=1, accounting="mixed", zero_stage=0,
+                                     parallel_optimizer=False, grad_accum_buffer=False, shard_grad_accum=False,
+                                     bytes_per_value=2, output_layer=True, overhead_bytes=0, activation_scale=1.0)
+    assert base == explicit
+    assert base["n_params"] == 1000 and memory.estimate_stage(**_STAGE, n_params=7777)["n_params"] == 7777
+    assert base["full_recompute_layers"] == 0 and base["select_recompute_layers"] == 0
+    assert memory.estimate_stage(**_STAGE, zero_stage=1) == memory.estimate_stage(**_STAGE, zero_stage=1, dp=1)
+    assert memory.estimate_stage(**_STAGE, zero_stage=1, dp=2)["optimizer_states"] < base["optimizer_states"]
+    assert memory.estimate_stage(**_STAGE, tp=2, sequence_parallel=True)["activations"] < \
+        memory.estimate_stage(**_STAGE, tp=2)["activations"]
+    assert memory.estimate_stage(**_STAGE, flash_attention=True)["activations"] < base["activations"]
+    assert memory.estimate_stage(**_STAGE, output_layer=False)["total"] < base["total"]
+    assert memory.estimate_stage(**_STAGE, dp=2, parallel_optimizer=True)["total"] < \
+        memory.estimate_stage(**_STAGE, dp=2)["total"]
+    acc = dict(grad_accum_buffer=True, dp=4)
+    assert memory.estimate_stage(**_STAGE, **acc, shard_grad_accum=True)["grad_accum_buffer"] == 1000 * 2 // 4
+    assert memory.estimate_stage(**_STAGE, **acc)["grad_accum_buffer"] == 1000 * 2
+    # ZeRO-2 has sharded the gradients already: the buffer is not sliced a second time
+    assert memory.estimate_stage(**_STAGE, **acc, zero_stage=2, shard_grad_accum=True)["grad_accum_buffer"] == \
+        memory.estimate_stage(**_STAGE, **acc, zero_stage=2)["grad_accum_buffer"]
+    # whole bytes where heads or the vocabulary do not divide over tp
+    odd = dict(_STAGE, num_heads=3, hidden_size=15, vocab_size=51, stage_params=1001)
+    e = memory.estimate_stage(**odd, tp=2, dp=3, grad_accum_buffer=True, shard_grad_accum=True)
+    assert all(type(v) is int for k, v in e.items() if k not in ("activations_per_layer",)), e
+
+
+def test_activation_sequence_parallel_divides_by_tp_only_when_on():
+    off = memory.activation_bytes_per_layer(128, 8, 256, 4, tp=2)
+    on = memory.activation_bytes_per_layer(128, 8, 256, 4, tp=2, sequence_parallel=True)
+    assert on < off and memory.activation_bytes_per_layer(128, 8, 256, 4, tp=1, sequence_parallel=True) == \
+        memory.activation_bytes_per_layer(128, 8, 256, 4)
+
+
+def test_estimate_reads_every_field_and_passes_every_switch():
+    base = estimate(_CFG)
+    assert estimate({**_CFG, "num_kv_heads": 2})["n_params"] < base["n_params"]
+    assert estimate(_CFG, num_kv_heads=2) == estimate({**_CFG, "num_kv_heads": 2})
+    for kw in ({"mlp": "gelu"}, {"tie_word_embeddings": True}, {"bias": True}, {"norm": "layer"}):
+        assert estimate(_CFG, **kw)["n_params"] != base["n_params"], kw
+    assert estimate(_CFG, n_params=10**6)["n_params"] == 10**6 and estimate(_CFG, n_params=10**6)["params"] == 4 * 10**6   # float32 by default
+    lay = SimpleNamespace(dp=1, mp=2, pp=1, micro_batches=1, sequence_parallel=True)
+    assert estimate(_CFG, layout=lay)["activations"] < estimate(_CFG, layout=SimpleNamespace(**{
+        **lay.__dict__, "sequence_parallel": False}))["activations"]
+    assert estimate(_CFG, layout=lay, sequence_parallel=False)["activations"] > estimate(_CFG, layout=lay)["activations"]
+    assert estimate(_CFG, full_recompute_layers=1)["full_recompute_layers"] == 1
+    assert estimate(_CFG, select_recompute_layers=2)["select_recompute_layers"] == 2
+    assert estimate(_CFG, grad_accum_buffer=True, n_devices=2, shard_grad_accum=True)["grad_accum_buffer"] < \
+        estimate(_CFG, grad_accum_buffer=True, n_devices=2)["grad_accum_buffer"]
+    assert estimate(_CFG, arch="llama")["activations"] == estimate({**_CFG, "ffn_hidden_size": 256}, arch="llama")[
+        "activations"]                                                          # llama without ffn: 4h
+    odd = {**_CFG, "num_heads": 3, "hidden_size": 63, "vocab_size": 101, "num_layers": 3}
+    e = estimate(odd, layout=SimpleNamespace(dp=1, mp=2, pp=3, micro_batches=1))
+    assert e["layers"] == 1 and all(type(e[k]) is int for k in ("params", "grads", "activations", "total"))
+    assert estimate({**_CFG, "batch_size": 4}, n_devices=2)["activations"] == estimate({**_CFG, "batch_size": 2})[
+        "activations"]                                                          # 2 sequences per dp rank
+
+
+def test_a_config_is_read_by_every_name_it_goes_by():
+    hf = {"n_embd": 64, "n_layer": 2, "n_head": 4, "padded_vocab_size": 100, "n_positions": 8, "batch_size": 2,
+          "n_inner": 256, "num_key_value_heads": 4}
+    assert estimate(hf) == estimate({**_CFG, "ffn_hidden_size": 256, "num_kv_heads": 4})
+    obj = SimpleNamespace(d_model=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=100, seq_length=8,
+                          batch_size=2)
+    assert estimate(obj) == estimate(_CFG)
+    # a Hugging Face GPT-style config names its MLP by the activation; an explicit mlp wins
+    assert estimate({**_CFG, "hidden_act": "gelu_new"}) == estimate({**_CFG, "mlp": "gelu"}) != estimate(_CFG)
+    assert estimate({**_CFG, "hidden_act": "gelu", "mlp": "swiglu"}) == estimate(_CFG)
+    assert estimate({**_CFG, "hidden_act": "silu"}) == estimate(_CFG)
+    # a RunConfig checks itself first: its own message, not ours
+    with pytest.raises(ValueError, match="RunConfig"):
+        estimate(RunConfig.preset("mini").replace(batch_size=0))
