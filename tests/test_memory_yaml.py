@@ -542,3 +542,18 @@ def test_a_recompute_entry_not_understood_is_named_by_its_key(key):
     with pytest.raises(ValueError) as err:
         estimate_from_mindformers_yaml(d)
     assert str(err.value).startswith(f"estimate_from_mindformers_yaml: recompute_config.{key}=2.5 is not understood")
+
+
+def test_widths_defaults_and_uneven_tensor_parallel_shards():
+    def est(mc=None, pc=None):
+        d = copy.deepcopy(MINIMAL)
+        d["model"]["model_config"].update(mc or {})
+        d["parallel_config"] = pc or {}
+        return estimate_from_mindformers_yaml(d)
+    base = est()
+    assert est({"compute_dtype": "float32"})["activations"] == 2 * base["activations"]     # 4 bytes, not 2
+    assert est(pc={"data_parallel": 2})["parallel_optimizer"] is False           # off unless the YAML turns it on
+    # 4 layers of 65,664 parameters over tp 5 do not divide: the shard rounds up to whole parameters
+    per_layer = 2 * 64 * 64 + 2 * 64 * 4 * 16 + 3 * 64 * mindformers_ffn_size(64) + 2 * 64
+    e = est(pc={"model_parallel": 5})
+    assert e["params"] == 4 * (-(-4 * per_layer // 5) + 1000 * 64 + 1000 * 64 // 5 + 64) and type(e["params"]) is int
