@@ -705,3 +705,50 @@ def test_a_config_is_read_by_every_name_it_goes_by():
     # a RunConfig checks itself first: its own message, not ours
     with pytest.raises(ValueError, match="RunConfig"):
         estimate(RunConfig.preset("mini").replace(batch_size=0))
+
+
+_TPC = "transformer_param_count"
+_REFUSALS_2 = [
+    (memory.transformer_param_count, ({"hidden_size": 64},), {},
+     f"{_TPC}: cfg lacks num_layers, vocab_size; fix: give them as attributes or dict keys (parallel fields dp, mp, "
+     "pp, micro_batches, grad_accum default to 1)"),
+    (memory.transformer_param_count, (_CFG,), {"mlp": "x"}, f"{_TPC}: mlp='x' is invalid; fix: one of ('swiglu', 'gelu')"),
+    (memory.transformer_param_count, (_CFG,), {"norm": "x"}, f"{_TPC}: norm='x' is invalid; fix: one of ('rms', 'layer')"),
+    (memory.transformer_param_count, (_CFG,), {"learned_positions": -1},
+     f"{_TPC}: learned_positions=-1 is invalid; fix: pass a non-negative integer"),
+    (memory.transformer_param_count, (_CFG,), {"num_kv_heads": 0}, f"{_TPC}: num_kv_heads=0 {_POS}"),
+    (memory.transformer_param_count, ({"hidden_size": 64, "num_layers": 2, "vocab_size": 100},), {"num_kv_heads": 2},
+     f"{_TPC}: num_kv_heads=2 needs cfg.num_heads; fix: add num_heads to cfg"),
+    (memory.estimate, (_CFG,), {"mlp": "x"}, "estimate: mlp='x' is invalid; fix: one of ('swiglu', 'gelu')"),
+    (memory.estimate, (_CFG,), {"num_kv_heads": 0}, f"estimate: num_kv_heads=0 {_POS}"),
+]
+
+
+@pytest.mark.parametrize("fn, args, kw, line", _REFUSALS_2, ids=lambda x: getattr(x, "__name__", None))
+def test_each_param_count_refusal_is_its_exact_line(fn, args, kw, line):
+    with pytest.raises(ValueError) as err:
+        fn(*args, **kw)
+    assert str(err.value) == line
+
+
+def test_param_counts_take_the_config_unless_told_otherwise_and_estimate_keeps_the_whole_model():
+    tpc = memory.transformer_param_count
+    assert tpc({**_CFG, "tie_word_embeddings": True}) < tpc(_CFG)
+    assert tpc({**_CFG, "tie_word_embeddings": True}, tie_word_embeddings=False) == tpc(_CFG)
+    assert tpc({**_CFG, "bias": True}) > tpc(_CFG) and tpc({**_CFG, "bias": True}, bias=False) == tpc(_CFG)
+    odd = {**_CFG, "hidden_size": 63, "num_heads": 4, "num_kv_heads": 2}        # head size 15 (floor)
+    assert tpc(odd) == 2 * 100 * 63 + 2 * (2 * 63 * 63 + 2 * 63 * 30 + 3 * 63 * 252 + 2 * 63) + 63
+    assert type(tpc(odd)) is int
+    assert estimate(_CFG, n_devices=2) == estimate(_CFG, n_devices=2, zero_stage=0)   # no ZeRO unless asked
+    assert estimate(_CFG, n_devices=2, zero_stage=1)["optimizer_states"] < estimate(_CFG, n_devices=2)[
+        "optimizer_states"]
+    # the whole model's count, even where tp and pp split it
+    lay = SimpleNamespace(dp=1, mp=2, pp=2, micro_batches=1)
+    assert estimate(_CFG, layout=lay)["n_params"] == estimate(_CFG)["n_params"] == llama_param_count(_CFG)
+    assert estimate(_CFG, layout=lay, n_params=10**6)["n_params"] == 10**6
+    e = estimate({**_CFG, "batch_size": 4}, layout=lay)
+    assert type(e["layers"]) is int and e["layers"] == 1 and all(type(e[k]) is int for k in e if k != "activations_per_layer")
+    # GQA shrinks the llama activations too (k and v at kv heads)
+    assert estimate(_CFG, arch="llama", num_kv_heads=2)["activations"] < estimate(_CFG, arch="llama")["activations"]
+    for act in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+        assert estimate({**_CFG, "hidden_act": act}) == estimate({**_CFG, "mlp": "gelu"}), act
