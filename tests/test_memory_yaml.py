@@ -336,6 +336,15 @@ MINIMAL = {"model": {"model_config": {"hidden_size": 64, "num_layers": 4, "num_h
                                       "seq_length": 32}}}
 
 
+def _est(mc=None, options=None, **sections):
+    """estimate_from_mindformers_yaml of MINIMAL with model_config fields `mc` added and whole YAML sections set
+    (parallel_config={...}, runner_config={...}); `options` are the function's own keywords."""
+    d = copy.deepcopy(MINIMAL)
+    d["model"]["model_config"].update(mc or {})
+    d.update({k: dict(v) for k, v in sections.items()})
+    return estimate_from_mindformers_yaml(d, **(options or {}))
+
+
 def test_a_minimal_yaml_takes_every_documented_default():
     e = estimate_from_mindformers_yaml(copy.deepcopy(MINIMAL))
     ffn = mindformers_ffn_size(64, 256, None, None)
@@ -357,58 +366,50 @@ def test_a_minimal_yaml_takes_every_documented_default():
 
 
 def test_each_field_read_changes_the_estimate_the_documented_way():
-    def est(**sections):
-        d = copy.deepcopy(MINIMAL)
-        for sec, kv in sections.items():
-            if sec == "mc":
-                d["model"]["model_config"].update(kv)
-            else:
-                d.setdefault(sec, {}).update(kv)
-        return estimate_from_mindformers_yaml(d)
-    base = est()
-    assert est(mc={"n_kv_heads": 2})["n_params"] == est(mc={"num_kv_heads": 2})["n_params"] < base["n_params"]
-    assert est(mc={"intermediate_size": 100})["n_params"] == base["n_params"] - 4 * 3 * 64 * (
+    base = _est()
+    assert _est(mc={"n_kv_heads": 2})["n_params"] == _est(mc={"num_kv_heads": 2})["n_params"] < base["n_params"]
+    assert _est(mc={"intermediate_size": 100})["n_params"] == base["n_params"] - 4 * 3 * 64 * (
         mindformers_ffn_size(64, 256, None, None) - 100)
-    assert est(mc={"multiple_of": 32})["n_params"] != base["n_params"]
-    assert est(mc={"ffn_dim_multiplier": 3.0})["n_params"] != base["n_params"]
+    assert _est(mc={"multiple_of": 32})["n_params"] != base["n_params"]
+    assert _est(mc={"ffn_dim_multiplier": 3.0})["n_params"] != base["n_params"]
     for dt in ("float16", "bfloat16", "fp16", "bf16"):
-        assert est(mc={"param_init_type": dt})["params"] * 2 == base["params"]
-        assert est(mc={"compute_dtype": dt})["activations"] == base["activations"]
-    assert est(mc={"compute_dtype": "float32"})["activations"] > base["activations"]
-    assert est(mc={"use_flash_attention": True})["activations"] < base["activations"]
-    sgd, mom = est(optimizer={"type": "SGD"}), est(optimizer={"type": "Momentum"})
+        assert _est(mc={"param_init_type": dt})["params"] * 2 == base["params"]
+        assert _est(mc={"compute_dtype": dt})["activations"] == base["activations"]
+    assert _est(mc={"compute_dtype": "float32"})["activations"] > base["activations"]
+    assert _est(mc={"use_flash_attention": True})["activations"] < base["activations"]
+    sgd, mom = _est(optimizer={"type": "SGD"}), _est(optimizer={"type": "Momentum"})
     assert sgd["optimizer"] == "SGD" and sgd["optimizer_states"] * 2 == base["optimizer_states"] == \
         mom["optimizer_states"] * 2
-    assert est(runner_config={"batch_size": 3})["micro_batch"] == 3
-    acc = est(runner_config={"gradient_accumulation_steps": 4})
+    assert _est(runner_config={"batch_size": 3})["micro_batch"] == 3
+    acc = _est(runner_config={"gradient_accumulation_steps": 4})
     assert acc["grad_accum_steps"] == 4 and acc["total"] > base["total"]
-    assert est(runner_config={"gradient_accumulation_steps": 0})["grad_accum_steps"] == 1
-    dp = est(parallel_config={"data_parallel": 2}, parallel={"enable_parallel_optimizer": True})
+    assert _est(runner_config={"gradient_accumulation_steps": 0})["grad_accum_steps"] == 1
+    dp = _est(parallel_config={"data_parallel": 2}, parallel={"enable_parallel_optimizer": True})
     assert dp["parallel_optimizer"] is True and dp["layout"] == "dp2-mp1-pp1" and dp["devices"] == 2
-    assert est(parallel={"enable_parallel_optimizer": True})["parallel_optimizer"] is False     # dp 1: nothing to slice
+    assert _est(parallel={"enable_parallel_optimizer": True})["parallel_optimizer"] is False     # dp 1: nothing to slice
     shard = dict(parallel_config={"data_parallel": 2}, runner_config={"gradient_accumulation_steps": 2})
-    assert est(**shard, parallel={"enable_parallel_optimizer": True, "parallel_optimizer_config":
+    assert _est(**shard, parallel={"enable_parallel_optimizer": True, "parallel_optimizer_config":
                                   {"gradient_accumulation_shard": True}})["total"] < \
-        est(**shard, parallel={"enable_parallel_optimizer": True})["total"]
-    tp = est(parallel_config={"model_parallel": 2})
+        _est(**shard, parallel={"enable_parallel_optimizer": True})["total"]
+    tp = _est(parallel_config={"model_parallel": 2})
     assert tp["tp"] == 2 and tp["params"] < base["params"]
-    assert est(parallel_config={"model_parallel": 2, "use_seq_parallel": True})["activations"] < tp["activations"]
-    assert est(parallel_config={"use_seq_parallel": True})["activations"] == base["activations"]   # tp 1: no-op
-    assert est(parallel_config={"model_parallel": 2, "vocab_emb_dp": False})["params"] < tp["params"]
-    pp = est(parallel_config={"pipeline_stage": 2, "micro_batch_num": 4})
+    assert _est(parallel_config={"model_parallel": 2, "use_seq_parallel": True})["activations"] < tp["activations"]
+    assert _est(parallel_config={"use_seq_parallel": True})["activations"] == base["activations"]   # tp 1: no-op
+    assert _est(parallel_config={"model_parallel": 2, "vocab_emb_dp": False})["params"] < tp["params"]
+    pp = _est(parallel_config={"pipeline_stage": 2, "micro_batch_num": 4})
     assert pp["pp"] == 2 and pp["micro_batch_num"] == 4 and len(pp["per_stage_totals"]) == 2
     assert pp["total"] == max(pp["per_stage_totals"]) and pp["stage"] == pp["per_stage_totals"].index(pp["total"])
-    off = est(parallel_config={"pipeline_stage": 2}, mc={"offset": [1, -1]})
+    off = _est(parallel_config={"pipeline_stage": 2}, mc={"offset": [1, -1]})
     assert off["per_stage_totals"] != pp["per_stage_totals"]
-    rec = est(recompute_config={"recompute": True})
+    rec = _est(recompute_config={"recompute": True})
     assert rec["activations"] < base["activations"]
-    assert base["activations"] > est(recompute_config={"select_recompute": True})["activations"] > rec["activations"]
-    fit = est(context={"max_device_memory": "1GB"})
+    assert base["activations"] > _est(recompute_config={"select_recompute": True})["activations"] > rec["activations"]
+    fit = _est(context={"max_device_memory": "1GB"})
     assert fit["budget"] == 2**30 and fit["fits"] is True and fit["headroom"] == 2**30 - fit["total"]
-    tight = estimate_from_mindformers_yaml(copy.deepcopy(MINIMAL), budget_bytes=base["total"] - 1)
+    tight = _est(options={"budget_bytes": base["total"] - 1})
     assert tight["fits"] is False and tight["headroom"] == -1 and tight["budget"] == base["total"] - 1
-    assert estimate_from_mindformers_yaml(copy.deepcopy(MINIMAL), overhead_bytes=1000)["total"] == base["total"] + 1000
-    assert estimate_from_mindformers_yaml(copy.deepcopy(MINIMAL), in_flight_micro_batches=2)["activations"] > \
+    assert _est(options={"overhead_bytes": 1000})["total"] == base["total"] + 1000
+    assert _est(options={"in_flight_micro_batches": 2})["activations"] > \
         base["activations"]
 
 
@@ -488,72 +489,54 @@ def test_recompute_counts_per_stage_in_every_form():
             "(pipeline interleave lists of lists are not supported)")
 
 
-def test_integer_arithmetic_where_heads_or_the_vocabulary_do_not_divide(tmp_path):
-    def with_(mc=None, pc=None):
-        d = copy.deepcopy(MINIMAL)
-        d["model"]["model_config"].update(mc or {})
-        d["parallel_config"] = pc or {}
-        return estimate_from_mindformers_yaml(d)
+def test_integer_arithmetic_where_heads_or_the_vocabulary_do_not_divide():
     ffn = mindformers_ffn_size(64, 256, None, None)
     # 64 / 3 heads: d_head is 21 (floor), as mindformers' integer head size
-    e = with_({"num_heads": 3, "n_kv_heads": 3})
+    e = _est({"num_heads": 3, "n_kv_heads": 3})
     per_layer = 2 * 64 * 64 + 2 * 64 * 3 * 21 + 3 * 64 * ffn + 2 * 64
     assert e["n_params"] == 2 * 1000 * 64 + 4 * per_layer + 64 and type(e["n_params"]) is int
     # V*h = 64,064 over tp 3: the shards round up, in whole parameters
-    e = with_({"vocab_size": 1001}, {"model_parallel": 3})
+    e = _est({"vocab_size": 1001}, parallel_config={"model_parallel": 3})
     per_layer = 2 * 64 * 64 + 2 * 64 * 4 * 16 + 3 * 64 * ffn + 2 * 64
     stage = -(-4 * per_layer // 3) + 1001 * 64 + -(-1001 * 64 // 3) + 64
     assert e["params"] == 4 * stage and all(type(e[k]) is int for k in ("params", "grads", "total"))
-    e = with_({"vocab_size": 1001}, {"model_parallel": 3, "vocab_emb_dp": False})
+    e = _est({"vocab_size": 1001}, parallel_config={"model_parallel": 3, "vocab_emb_dp": False})
     assert e["params"] == 4 * (stage - 1001 * 64 + -(-1001 * 64 // 3)) and type(e["total"]) is int
 
 
 def test_pipeline_details_offsets_buffers_and_the_budget_edge():
-    def with_(pc, mc=None, rn=None, **kw):
-        d = copy.deepcopy(MINIMAL)
-        d["parallel_config"] = pc
-        d["model"]["model_config"].update(mc or {})
-        d["runner_config"] = rn or {}
-        return estimate_from_mindformers_yaml(d, **kw)
     # offset [1, -1] puts 3 layers on stage 0 and 1 on stage 1; [-1, 1] the other way
-    more, fewer = with_({"pipeline_stage": 2}, {"offset": [1, -1]}), with_({"pipeline_stage": 2}, {"offset": [-1, 1]})
+    more, fewer = _est({"offset": [1, -1]}, parallel_config={"pipeline_stage": 2}), _est({"offset": [-1, 1]}, parallel_config={"pipeline_stage": 2})
     assert more["per_stage_totals"][0] > fewer["per_stage_totals"][0]
     assert more["per_stage_totals"][1] < fewer["per_stage_totals"][1]
     # a gradient accumulation buffer: with accumulation, or a pipeline of more than one micro-batch
-    e11 = with_({"pipeline_stage": 2, "micro_batch_num": 1})
-    e22 = with_({"pipeline_stage": 2, "micro_batch_num": 2})
-    e12 = with_({"pipeline_stage": 1, "micro_batch_num": 2})
+    e11 = _est(parallel_config={"pipeline_stage": 2, "micro_batch_num": 1})
+    e22 = _est(parallel_config={"pipeline_stage": 2, "micro_batch_num": 2})
+    e12 = _est(parallel_config={"pipeline_stage": 1, "micro_batch_num": 2})
     assert e22["total"] - e22["activations"] > e11["total"] - e11["activations"]     # the buffer, per stage
-    assert e12["total"] == with_({})["total"]                    # micro-batches without a pipeline: nothing
-    assert with_({}, rn={"gradient_accumulation_steps": 2})["total"] > with_({})["total"]
+    assert e12["total"] == _est()["total"]                    # micro-batches without a pipeline: nothing
+    assert _est(runner_config={"gradient_accumulation_steps": 2})["total"] > _est()["total"]
     # 1F1B: stage i holds min(pp - i, m) micro-batches
-    e = with_({"pipeline_stage": 2, "micro_batch_num": 4}, in_flight_micro_batches=None)
-    same = with_({"pipeline_stage": 2, "micro_batch_num": 4}, in_flight_micro_batches=[2, 1])
+    e = _est(parallel_config={"pipeline_stage": 2, "micro_batch_num": 4})
+    same = _est(parallel_config={"pipeline_stage": 2, "micro_batch_num": 4}, options={"in_flight_micro_batches": [2, 1]})
     assert e["per_stage_totals"] == same["per_stage_totals"]
     # fits is total <= budget: the exact total fits
-    t = with_({})["total"]
-    assert with_({}, budget_bytes=t)["fits"] is True and with_({}, budget_bytes=t)["headroom"] == 0
+    t = _est()["total"]
+    assert _est(options={"budget_bytes": t})["fits"] is True and _est(options={"budget_bytes": t})["headroom"] == 0
 
 
 @pytest.mark.parametrize("key", ["recompute", "select_recompute"])
 def test_a_recompute_entry_not_understood_is_named_by_its_key(key):
-    d = copy.deepcopy(MINIMAL)
-    d["recompute_config"] = {key: 2.5}
     with pytest.raises(ValueError) as err:
-        estimate_from_mindformers_yaml(d)
+        _est(recompute_config={key: 2.5})
     assert str(err.value).startswith(f"estimate_from_mindformers_yaml: recompute_config.{key}=2.5 is not understood")
 
 
 def test_widths_defaults_and_uneven_tensor_parallel_shards():
-    def est(mc=None, pc=None):
-        d = copy.deepcopy(MINIMAL)
-        d["model"]["model_config"].update(mc or {})
-        d["parallel_config"] = pc or {}
-        return estimate_from_mindformers_yaml(d)
-    base = est()
-    assert est({"compute_dtype": "float32"})["activations"] == 2 * base["activations"]     # 4 bytes, not 2
-    assert est(pc={"data_parallel": 2})["parallel_optimizer"] is False           # off unless the YAML turns it on
+    base = _est()
+    assert _est({"compute_dtype": "float32"})["activations"] == 2 * base["activations"]     # 4 bytes, not 2
+    assert _est(parallel_config={"data_parallel": 2})["parallel_optimizer"] is False           # off unless the YAML turns it on
     # 4 layers of 65,664 parameters over tp 5 do not divide: the shard rounds up to whole parameters
     per_layer = 2 * 64 * 64 + 2 * 64 * 4 * 16 + 3 * 64 * mindformers_ffn_size(64) + 2 * 64
-    e = est(pc={"model_parallel": 5})
+    e = _est(parallel_config={"model_parallel": 5})
     assert e["params"] == 4 * (-(-4 * per_layer // 5) + 1000 * 64 + 1000 * 64 // 5 + 64) and type(e["params"]) is int
