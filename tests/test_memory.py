@@ -338,12 +338,13 @@ def test_a_peak_in_a_fresh_process_reports_every_field():
 
 
 def test_train_for_peak_runs_the_config_and_returns_its_summary():
-    from mshelpers.config import RunConfig, build_dir
+    from mshelpers.config import build_dir
+    from mshelpers.table import read_csv
     cfg = RunConfig.preset("tiny").replace(mode="pynative", name="tfp")
     s = memory.train_for_peak(cfg, 2)
     assert s["steps"] == 2 and s["run"] == "tfp" and s["mode"] == "pynative" and s["final_loss"] > 0
     csv = build_dir("memory") / f"tfp-pynative-b{cfg.batch_size}-s{cfg.seq_len}-none-acc1.csv"
-    assert [r["step"] for r in __import__("mshelpers.table", fromlist=["read_csv"]).read_csv(csv)][-2:] == [1, 2]
+    assert [r["step"] for r in read_csv(csv)][-2:] == [1, 2]
 
 
 # ---------------------------------------------------------------- measurement

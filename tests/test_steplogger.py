@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -151,7 +152,7 @@ def test_as_callback_turns_a_logger_built_before_mindspore_into_a_callback():
 # net_outputs, cur_step_num and the optimizer (on cb.optimizer or cb.train_network.optimizer)
 class _RunContext:
     def __init__(self, **cb):
-        self.cb = __import__("types").SimpleNamespace(**cb)
+        self.cb = SimpleNamespace(**cb)
 
     def original_args(self):
         return self.cb
@@ -169,7 +170,7 @@ def test_each_value_a_callback_step_logs_comes_from_where_the_contract_says(tmp_
     import math
     import mindspore as ms
     import numpy as np
-    opt = __import__("types").SimpleNamespace(learning_rate=ms.Tensor(np.float32(0.25)))
+    opt = SimpleNamespace(learning_rate=ms.Tensor(np.float32(0.25)))
     kw = dict(tokens_per_step=100, flops_per_token=10.0, peak_flops_per_device=1e6)
     log = StepLogger(tmp_path / "a.csv", **kw)
     r = _hook_row(log, 0.05, net_outputs=ms.Tensor(np.float32(2.5)), cur_step_num=7, optimizer=opt)
@@ -180,7 +181,7 @@ def test_each_value_a_callback_step_logs_comes_from_where_the_contract_says(tmp_
     assert read_csv(tmp_path / "a.csv")[-1]["step"] == 7
     # the optimizer found on the train network when the callback args have none
     r = _hook_row(log, net_outputs=1.5, cur_step_num=8, optimizer=None,
-                  train_network=__import__("types").SimpleNamespace(optimizer=opt))
+                  train_network=SimpleNamespace(optimizer=opt))
     assert (r["step"], r["loss"], r["lr"]) == (8, 1.5, 0.25)
     assert math.isnan(_hook_row(log, net_outputs=1.0, cur_step_num=9)["lr"])      # no optimizer at all
     # lr_fn and grad_norm_fn are asked with the step number
@@ -203,7 +204,7 @@ def test_a_fixed_lr_is_read_and_a_schedule_is_nan():
     import math
     import mindspore as ms
     import numpy as np
-    ns = __import__("types").SimpleNamespace
+    ns = SimpleNamespace
     assert metrics._fixed_lr(ns(learning_rate=ms.Tensor(np.float32(0.125)))) == 0.125
     assert metrics._fixed_lr(ns(learning_rate=ms.Parameter(ms.Tensor(np.array([0.5], np.float32))))) == 0.5
     for opt in (None, ns(), ns(learning_rate=None), ns(learning_rate=0.1),
