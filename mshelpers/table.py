@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import csv
+import html
 import math
 import os
 from pathlib import Path
@@ -49,6 +50,26 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None, d
     out = [line([str(c) for c in columns]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in cells]
     return "\n".join(out)
+
+
+def html_table(rows: Sequence[dict], columns: Sequence[str] | None = None, digits: int = 4) -> str:
+    """The same table as markdown_table, as an HTML <table> (for an ipywidgets.HTML or a report page).
+
+    Cells are escaped, so a value such as "a<b" shows as text.
+
+    >>> html_table([{"run": "graph", "step_ms": 201.5}])
+    '<table><thead><tr><th>run</th><th>step_ms</th></tr></thead><tbody><tr><td>graph</td><td>201.5</td></tr></tbody></table>'
+    """
+    if not rows:
+        raise ValueError("html_table: rows is empty; fix: pass at least one dict")
+    if columns is None:
+        columns = []
+        for r in rows:
+            columns += [k for k in r if k not in columns]
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c), digits))}</td>" for c in columns) + "</tr>"
+                   for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def append_csv(row: dict, path: str | os.PathLike) -> Path:

@@ -6,7 +6,7 @@ import pytest
 
 from mshelpers.metrics import (DATASHEET_PEAK_FLOPS, StepLogger, flops_per_token, mfu, peak_flops,
                                peak_flops_record, summarize, theoretical_peak_flops)
-from mshelpers.table import append_csv, markdown_table, read_csv
+from mshelpers.table import append_csv, html_table, markdown_table, read_csv
 
 
 def test_flops_per_token_palm_formula():
@@ -102,6 +102,18 @@ def test_markdown_table_and_csv(tmp_path):
         append_csv({"a": 1, "c": 2}, p)
     with pytest.raises(ValueError, match="rows is empty"):
         markdown_table([])
+
+
+def test_html_table_has_the_markdown_tables_cells_escaped():
+    rows = [{"run": "a<b", "ms": 1312.0}, {"run": "c&d", "ms": 201.5, "x": True}]
+    t = html_table(rows)
+    assert t.startswith("<table><thead><tr><th>run</th><th>ms</th><th>x</th></tr></thead><tbody>")
+    assert "<tr><td>a&lt;b</td><td>1,312</td><td></td></tr>" in t            # same formatting as markdown_table
+    assert "<tr><td>c&amp;d</td><td>201.5</td><td>True</td></tr></tbody></table>" in t
+    assert html_table(rows, columns=["ms"]).count("<td>") == 2
+    assert html_table([{"v": 0.123456}], digits=2).endswith("<td>0.12</td></tr></tbody></table>")
+    with pytest.raises(ValueError, match="html_table: rows is empty"):
+        html_table([])
 
 
 def test_counts_and_rates_accept_any_integral_number():

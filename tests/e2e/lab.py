@@ -222,8 +222,8 @@ _OUTPUT_JS = """(out) => {
 
 
 def planner(page):
-    """The planner widget: the VBox holding the sliders and the Output the table is drawn in."""
-    return page.locator(".jp-NotebookPanel .widget-vbox").filter(has=page.locator(".widget-output")).filter(
+    """The planner widget: the VBox holding the sliders, the HTML the table is drawn in and the chart's Image."""
+    return page.locator(".jp-NotebookPanel .widget-vbox").filter(has=page.locator(".widget-html")).filter(
         has=page.locator(".widget-slider")).first
 
 
@@ -240,7 +240,20 @@ def readouts(widget) -> dict[str, int]:
 
 
 def planner_output(widget) -> dict:
-    return widget.locator(".widget-output").first.evaluate(_OUTPUT_JS)
+    return widget.locator(".widget-html").first.evaluate(_OUTPUT_JS)
+
+
+_CHART_JS = """(img) => ({src: img.getAttribute('src') || '', complete: img.complete, w: img.naturalWidth,
+  h: img.naturalHeight, shown: img.offsetParent !== null})"""
+
+
+def planner_chart(widget) -> dict:
+    """The planner's chart: an ipywidgets Image (its src is a blob: URL, new for every value), decoded and shown?"""
+    return widget.locator("img.widget-image").first.evaluate(_CHART_JS)
+
+
+def chart_drawn(c: dict) -> bool:
+    return bool(c["src"]) and c["complete"] and c["w"] > 50 and c["shown"]
 
 
 def move_slider(widget, label: str, key: str, expect: int, timeout_s: float = 10) -> None:
@@ -291,3 +304,13 @@ def drive_planner(widget, timeout_s: float, shot=None) -> list[dict]:
     move_slider(widget, "dp", "ArrowLeft", 4)
     states.append(wait_table_matches(widget, timeout_s))
     return states
+
+
+def wait_chart(widget, timeout_s: float, not_src: str = "") -> dict:
+    """Wait until the planner's chart is decoded and shown, from a value other than `not_src`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        c = planner_chart(widget)
+        if (chart_drawn(c) and c["src"] != not_src) or time.monotonic() > deadline:
+            return c
+        time.sleep(0.25)

@@ -74,6 +74,8 @@ def test_05_runs_in_the_browser_and_its_planner_widget_drives_the_table(page, la
 
     widget = jl.planner(page)
     widget.scroll_into_view_if_needed()
+    chart_before = jl.wait_chart(widget, timeout_s=30)
+    assert jl.chart_drawn(chart_before), chart_before                          # the chart of the defaults
     states = jl.drive_planner(widget, timeout_s=30, shot=lambda n: shot(f"planner-{n}", widget))
     before, invalid, after = states
     yours = lambda s: next(r for r in s["rows"] if r["which"] == "yours")        # noqa: E731
@@ -83,12 +85,11 @@ def test_05_runs_in_the_browser_and_its_planner_widget_drives_the_table(page, la
     assert yours(after)["layout"] == "4dp×8mp×1pp m=8" and yours(after)["mp"] == "8" and yours(after)["dp"] == "4"
     assert yours(after)["memory_GiB"] != yours(before)["memory_GiB"]           # the costs were recomputed
     assert best(after) == best(before)                                          # same devices: same best layout
-    # the bar chart under the table is redrawn for the new layout too (once in a fresh-clone CI run it had not
-    # appeared after 30 s, though the table had; rerun alone it passed: the wait is 60 s and a miss says what showed)
-    drawn = jl.wait_images(page, widget.locator(".widget-output"), 1, timeout_s=60)
-    if not drawn:
+    # the bar chart under the table is drawn again for the new layout: a new image value, decoded and shown
+    chart_after = jl.wait_chart(widget, timeout_s=30, not_src=chart_before["src"])
+    if not (jl.chart_drawn(chart_after) and chart_after["src"] != chart_before["src"]):
         shot("planner-no-chart", widget)
-    assert drawn, f"no chart under the planner's table after 60 s; the output shows: {jl.planner_output(widget)}"
+    assert jl.chart_drawn(chart_after) and chart_after["src"] != chart_before["src"], (chart_before, chart_after)
     shot("planner-after", widget)
     shot("notebook")
     lab.shutdown_kernels()
