@@ -10,9 +10,10 @@ venv: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/pip install -r requirements.txt
-	$(BIN)/pip install --no-deps -e .
+	# uv installs the pinned stack in about a third of pip's time (same versions: tests/README.md "install")
+	$(BIN)/python -m pip install -q $$(grep '^uv==' requirements.txt)
+	$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.txt
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 	@touch $(STAMP)
 
 # Execute every notebook in order, headless; executed copies go to build/notebooks/.
