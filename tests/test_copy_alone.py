@@ -268,6 +268,7 @@ CALLS: dict[str, str] = {
     "table": """
         import numpy as np
         assert "| 1.5 |" in m.markdown_table([{"a": np.float32(1.5)}])
+        assert "<td>1.5</td>" in m.html_table([{"a": np.float32(1.5)}])
         m.append_csv({"a": 1, "b": np.float64(2.5)}, "r.csv")
         assert m.read_csv("r.csv") == [{"a": 1, "b": 2.5}]
         assert m.parse_cell("3") == 3 and m.parse_cell("2.5") == 2.5 and m.parse_cell("True") is True and m.parse_cell("x") == "x"
