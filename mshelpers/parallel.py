@@ -589,19 +589,30 @@ def measure_collectives(ranks: int = 2, sizes: Sequence[int] | None = None,
     if bad or not ops:
         raise ValueError(f"{fn}: ops={ops!r} has unknown {bad}; fix: choose from {COLLECTIVES}")
     repeats = _pos(fn, "repeats", repeats)
-    if threads is None:
-        import os
-        threads = max(1, (os.cpu_count() or 1) // ranks)
     msrun = _sibling("launch", "msrun")                 # imported here: the planner above runs without MindSpore
     script_path = _sibling("workers", "script_path")
     run = msrun(script_path("collectives_bench"), workers=ranks, log_dir=log_dir, timeout=timeout,
-                args=["--sizes", ",".join(str(int(b)) for b in sizes), "--ops", ",".join(ops),
-                      "--repeats", str(repeats), "--warmup", str(warmup),
-                      "--max-seconds-per-size", str(max_seconds_per_size), "--threads", str(int(threads))])
+                args=_collectives_bench_args(ranks, sizes, ops, repeats, warmup, max_seconds_per_size, threads))
     per_rank = [r["rows"] for r in run.results() if r]
     if len(per_rank) != ranks:
         raise RuntimeError(f"{fn}: {len(per_rank)} of {ranks} ranks wrote results; see the logs in {run.log_dir}")
-    rows = []
+    return _merge_rank_rows(per_rank)
+
+
+def _collectives_bench_args(ranks: int, sizes: Sequence[int], ops: Sequence[str], repeats: int, warmup: int,
+                            max_seconds_per_size: float, threads: int | None) -> list[str]:
+    """The command line of workers/collectives_bench.py; threads None: the cores divided among the ranks."""
+    if threads is None:
+        import os
+        threads = max(1, (os.cpu_count() or 1) // ranks)
+    return ["--sizes", ",".join(str(int(b)) for b in sizes), "--ops", ",".join(ops), "--repeats", str(repeats),
+            "--warmup", str(warmup), "--max-seconds-per-size", str(max_seconds_per_size),
+            "--threads", str(int(threads))]
+
+
+def _merge_rank_rows(per_rank: Sequence[Sequence[dict]]) -> list[dict]:
+    """One row per (op, size) from every rank's rows (same order on every rank): the slowest rank's median."""
+    ranks, rows = len(per_rank), []
     for i, r0 in enumerate(per_rank[0]):
         mine = [rr[i] for rr in per_rank]
         row = {"op": r0["op"], "bytes": int(r0["bytes"]), "seconds": None, "ranks": ranks, "api": r0.get("api")}

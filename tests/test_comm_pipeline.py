@@ -320,3 +320,116 @@ def test_measure_collectives_rejects_bad_arguments():
         parallel.measure_collectives(2, ops=["all_to_all"])
     with pytest.raises(ValueError, match="sizes"):
         parallel.measure_collectives(2, sizes=[])
+
+
+# ---------------------------------------------------------------- exact values (each field and default)
+def _fit(op="all_reduce", ranks=2):
+    return AlphaBetaFit(op=op, alpha_s=1e-4, beta_bytes_per_s=1e9, n_points=5, ranks=ranks, weighting="relative",
+                        residuals=(), rms_rel_error=0.01, max_ratio=1.234)
+
+
+def test_hardware_from_measurement_sets_every_field_and_source_exactly():
+    hw = Hardware.from_measurement(_fit(), peak_flops_per_device=2 * 10**11)
+    assert hw == Hardware(peak_flops_per_device=2e11, intra_node_bytes_per_s=1e9, inter_node_bytes_per_s=1e9,
+                          devices_per_node=2, compute_efficiency=1.0, intra_node_latency_s=1e-4,
+                          inter_node_latency_s=1e-4, name="this machine (measured)")
+    assert type(hw.peak_flops_per_device) is float
+    how = ("measured: all_reduce on 2 ranks, alpha-beta fit over 5 sizes (max pred/meas ratio 1.23); "
+           "beta x 1 bytes sent per byte")
+    same = "not measured: all ranks on one machine; set equal to the intra-node figure"
+    assert hw.sources == (("peak_flops_per_device", "measured"), ("intra_node_bytes_per_s", how),
+                          ("intra_node_latency_s", how), ("inter_node_bytes_per_s", same),
+                          ("inter_node_latency_s", same), ("devices_per_node", "ranks measured: 2"),
+                          ("compute_efficiency", "1.0: the peak is already a measured matmul rate"))
+    # the fit's ranks yield to group_size; 4-rank reduce-scatter sends 3/4 of a byte per buffer byte
+    hw4 = Hardware.from_measurement(_fit("reduce_scatter", ranks=None), peak_flops_per_device=1e11, group_size=4,
+                                    compute_efficiency=0.5, name="box", peak_source="datasheet")
+    assert (hw4.intra_node_bytes_per_s, hw4.devices_per_node, hw4.compute_efficiency, hw4.name) == (0.75e9, 4, 0.5, "box")
+    assert hw4.source("peak_flops_per_device") == "datasheet"
+    assert hw4.source("intra_node_bytes_per_s").endswith("beta x 0.75 bytes sent per byte")
+    assert Hardware.from_measurement(_fit("broadcast", 8), peak_flops_per_device=1e11).intra_node_bytes_per_s == 1e9
+    assert Hardware.from_measurement(_fit("all_reduce", 4), peak_flops_per_device=1e11).intra_node_bytes_per_s == 1.5e9
+    # rows are fitted with the op asked for
+    rows = _rows(4e-3, 9e7, SIZES, op="all_gather") + _rows(1e-3, 5e8, SIZES)
+    assert Hardware.from_measurement(rows, peak_flops_per_device=1e11, op="all_gather").intra_node_latency_s == \
+        pytest.approx(4e-3)
+    assert Hardware.from_measurement(rows, peak_flops_per_device=1e11).intra_node_latency_s == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("kw, line", [
+    (dict(group_size=1), "Hardware.from_measurement: group_size=1; fix: pass group_size (the ranks measured)"),
+    (dict(fit=_fit(ranks=None)), "Hardware.from_measurement: group_size=None; fix: pass group_size"),
+    (dict(peak_flops_per_device=True), "Hardware.from_measurement: peak_flops_per_device=True; fix: pass a "
+                                       "measured FLOP/s, e.g. mshelpers.metrics.peak_flops()"),
+    (dict(peak_flops_per_device="2e11"), "peak_flops_per_device='2e11'; fix"),
+    (dict(peak_flops_per_device=-1.0), "peak_flops_per_device=-1.0; fix"),
+])
+def test_hardware_from_measurement_refusals(kw, line):
+    fit = kw.pop("fit", _fit())
+    with pytest.raises(ValueError) as e:
+        Hardware.from_measurement(fit, **({"peak_flops_per_device": 1e11} | kw))
+    assert line in str(e.value)
+
+
+def test_hardware_table_and_source_defaults():
+    hw = Hardware(peak_flops_per_device=1.0, intra_node_bytes_per_s=2.0, inter_node_bytes_per_s=3.0,
+                  sources=(("intra_node_bytes_per_s", "read off a cable"),))
+    assert (hw.devices_per_node, hw.compute_efficiency, hw.intra_node_latency_s, hw.inter_node_latency_s, hw.name) \
+        == (8, 0.5, 0.0, 0.0, "assumed")
+    assert hw.source("intra_node_bytes_per_s") == "read off a cable" and hw.source("anything") == "assumed"
+    assert hw.table() == [
+        {"hardware": "assumed", "figure": "peak_flops_per_device", "value": 1.0, "source": "assumed"},
+        {"hardware": "assumed", "figure": "intra_node_bytes_per_s", "value": 2.0, "source": "read off a cable"},
+        {"hardware": "assumed", "figure": "inter_node_bytes_per_s", "value": 3.0, "source": "assumed"},
+        {"hardware": "assumed", "figure": "devices_per_node", "value": 8, "source": "assumed"},
+        {"hardware": "assumed", "figure": "intra_node_latency_s", "value": 0.0, "source": "assumed"},
+        {"hardware": "assumed", "figure": "inter_node_latency_s", "value": 0.0, "source": "assumed"},
+        {"hardware": "assumed", "figure": "compute_efficiency", "value": 0.5, "source": "assumed"}]
+
+
+def test_collectives_bench_args_match_the_workers_flags():
+    import os
+    import re
+    from mshelpers.workers import script_path
+    args = parallel._collectives_bench_args(2, [4096, 65536.0], ["all_reduce", "broadcast"], 5, 1, 2.5, 3)
+    assert args == ["--sizes", "4096,65536", "--ops", "all_reduce,broadcast", "--repeats", "5", "--warmup", "1",
+                    "--max-seconds-per-size", "2.5", "--threads", "3"]
+    declared = set(re.findall(r'add_argument\("(--[a-z-]+)"', open(script_path("collectives_bench")).read()))
+    assert {a for a in args if a.startswith("--")} == declared          # every flag the worker has, and no other
+    cores = os.cpu_count() or 1
+    assert parallel._collectives_bench_args(2, [8], ["all_reduce"], 3, 2, 4.0, None)[-1] == str(max(1, cores // 2))
+    assert parallel._collectives_bench_args(4 * cores, [8], ["all_reduce"], 3, 2, 4.0, None)[-1] == "1"
+    assert parallel._collectives_bench_args(2, [8], ["all_reduce"], 3, 2, 4.0, 0)[-1] == "0"
+
+
+def test_merge_rank_rows_takes_the_slowest_rank_and_keeps_errors():
+    r0 = [{"op": "all_reduce", "bytes": 4096.0, "api": "ops.AllReduce", "median_s": 0.002, "times_s": [0.001, 0.002, 0.004]},
+          {"op": "reduce_scatter", "bytes": 8, "api": "ops.ReduceScatter", "error": "Unsupported op [ReduceScatter] on CPU"}]
+    r1 = [{"op": "all_reduce", "bytes": 4096, "api": "ops.AllReduce", "median_s": 0.003, "times_s": [0.0025, 0.003]},
+          {"op": "reduce_scatter", "bytes": 8, "api": "ops.ReduceScatter", "error": ""}]
+    assert parallel._merge_rank_rows([r0, r1]) == [
+        {"op": "all_reduce", "bytes": 4096, "seconds": 0.003, "ranks": 2, "api": "ops.AllReduce", "repeats": 2,
+         "rank_medians_s": [0.002, 0.003], "min_s": 0.001, "max_s": 0.004},
+        {"op": "reduce_scatter", "bytes": 8, "seconds": None, "ranks": 2, "api": "ops.ReduceScatter",
+         "error": "Unsupported op [ReduceScatter] on CPU"}]
+    r1[1]["error"], r0[1]["error"] = "another rank failed", ""
+    assert parallel._merge_rank_rows([r0, r1])[1]["error"] == "another rank failed"
+    assert type(parallel._merge_rank_rows([r0, r1])[0]["bytes"]) is int
+    assert parallel._merge_rank_rows([[{"op": "broadcast", "bytes": 4, "median_s": 1.0, "times_s": [1.0]}]])[0]["api"] is None
+
+
+@pytest.mark.parametrize("kw, line", [
+    (dict(ranks=1), "measure_collectives: ranks=1 measures nothing; fix: use ranks >= 2"),
+    (dict(ranks=2.5), "measure_collectives: ranks=2.5 is invalid; fix: pass a positive integer"),
+    (dict(sizes=[]), "measure_collectives: sizes is empty; fix: pass message sizes in bytes, or None for the default"),
+    (dict(sizes=[4096, 0]), "measure_collectives: sizes[i]=0 is invalid; fix: pass a positive integer"),
+    (dict(ops=[]), "measure_collectives: ops=[] has unknown []; fix: choose from ('all_reduce', 'all_gather', "
+                   "'reduce_scatter', 'broadcast')"),
+    (dict(ops="all_to_all"), "measure_collectives: ops=['all_to_all'] has unknown ['all_to_all']; fix"),
+    (dict(ops=("broadcast", "gather")), "ops=['broadcast', 'gather'] has unknown ['gather']"),
+    (dict(repeats=0), "measure_collectives: repeats=0 is invalid; fix: pass a positive integer"),
+])
+def test_measure_collectives_refusal_lines(kw, line):
+    with pytest.raises(ValueError) as e:
+        parallel.measure_collectives(**({"ranks": 2} | kw))
+    assert line in str(e.value)

@@ -316,3 +316,33 @@ def test_the_global_batch_of_a_mindformers_yaml():
     assert yaml_global_batch(spec({"data_parallel": 2, "pipeline_stage": 2}, {"batch_size": 3})) == 6
     assert yaml_global_batch(spec({"data_parallel": 2}, {"batch_size": 3, "gradient_accumulation_steps": 5})) == 30
     assert yaml_global_batch(spec({"data_parallel": 2}, {"batch_size": 3}, micro_batch_interleave_num=2)) == 12
+
+
+# ---------------------------------------------------------------- the AutoParallel / legacy-context settings, exactly
+def _lay(dp, mp, pp, m):
+    return make_layout(L7, dp, mp, pp, m, global_batch=64, seq_len=4096)
+
+
+def test_auto_parallel_context_exact():
+    assert parallel.auto_parallel_context(_lay(8, 4, 1, 1), zero_stage=0) == {
+        "parallel_mode": "semi_auto_parallel", "device_num": 32, "gradients_mean": False, "full_batch": True,
+        "enable_parallel_optimizer": False}
+    assert parallel.auto_parallel_context(_lay(4, 2, 4, 8)) == {
+        "parallel_mode": "semi_auto_parallel", "device_num": 32, "gradients_mean": False, "full_batch": True,
+        "enable_parallel_optimizer": True, "parallel_optimizer_config": {"optimizer_level": "level1"},
+        "pipeline_stages": 4}
+    assert parallel.auto_parallel_context(_lay(8, 4, 1, 8), zero_stage=2)["parallel_optimizer_config"] == \
+        {"optimizer_level": "level2"}
+    assert "pipeline_stages" not in parallel.auto_parallel_context(_lay(8, 4, 1, 8))
+
+
+def test_auto_parallel_plan_exact():
+    assert parallel.auto_parallel_plan(_lay(8, 4, 1, 1), zero_stage=0) == {
+        "wrapper": None, "micro_size": 1, "parallel_mode": "semi_auto", "pipeline": None, "hsdp": None}
+    assert parallel.auto_parallel_plan(_lay(8, 4, 1, 8)) == {
+        "wrapper": "GradAccumulation", "micro_size": 8, "parallel_mode": "semi_auto", "pipeline": None,
+        "hsdp": {"shard_size": -1, "threshold": 64, "optimizer_level": "level1"}}
+    assert parallel.auto_parallel_plan(_lay(4, 2, 4, 8), zero_stage=3) == {
+        "wrapper": "Pipeline", "micro_size": 8, "parallel_mode": "semi_auto",
+        "pipeline": {"stages": 4, "scheduler": "1f1b"},
+        "hsdp": {"shard_size": -1, "threshold": 64, "optimizer_level": "level3"}}
