@@ -290,7 +290,7 @@ def test_a_layout_row_names_and_rounds_every_field():
     from mshelpers.parallel import Layout
     G = 2**30
     lay = Layout(dp=2, mp=4, pp=3, micro_batches=6, micro_batch_size=1, memory_per_device_bytes=int(1.234567 * G),
-                 comm_bytes_per_step=int(7.891 * G), bubble_fraction=2 / 7, comm_dp_bytes=int(0.5 * G),
+                 comm_bytes_per_step=int(7.891 * G), bubble_fraction=2 / 7, comm_dp_bytes=int(0.5049 * G),
                  comm_tp_bytes=int(0.256 * G), comm_pp_bytes=int(0.125 * G))
     assert lay.n_devices == 24 and lay.name == "2dp×4mp×3pp m=6"
     assert lay.row() == {"layout": "2dp×4mp×3pp m=6", "dp": 2, "mp": 4, "pp": 3, "m": 6, "b_micro": 1,
@@ -346,3 +346,11 @@ def test_auto_parallel_plan_exact():
         "wrapper": "Pipeline", "micro_size": 8, "parallel_mode": "semi_auto",
         "pipeline": {"stages": 4, "scheduler": "1f1b"},
         "hsdp": {"shard_size": -1, "threshold": 64, "optimizer_level": "level3"}}
+
+
+def test_the_planners_step_time_uses_the_sequence_asked_for():
+    hw = Hardware.reference("ascend-910b")
+    best = plan_parallel_layout(L7, 8, global_batch=16, seq_len=1024, hardware=hw)[0]
+    assert L7.seq_len != 1024
+    assert best.step_time == estimate_step_time(L7, best, hw, global_batch=16, seq_len=1024)
+    assert best.step_time != estimate_step_time(L7, best, hw, global_batch=16, seq_len=L7.seq_len)
