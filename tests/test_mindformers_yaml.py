@@ -65,3 +65,100 @@ def test_the_planner_prices_flash_attention_when_asked():
     pp_lay = P.make_layout(CFG.replace(recompute="none"), 2, 4, 4, 8, **kw)
     assert (P.stage_activation_bytes(CFG.replace(recompute="none"), pp_lay, seq_len=4096, flash_attention=True)["bytes"]
             < P.stage_activation_bytes(CFG.replace(recompute="none"), pp_lay, seq_len=4096)["bytes"])
+
+
+# ---------------------------------------------------------------- the emitted YAML, every key (mindformers' published
+# configs/llama2/pretrain_llama2_7b.yaml shape): a change to any of them must be made here too, on purpose
+LAY_841 = P.make_layout(CFG, 8, 4, 1, 8, global_batch=64, seq_len=4096)
+MODEL_7B = {"type": "LlamaConfig", "batch_size": 1, "seq_length": 4096, "hidden_size": 4096, "num_layers": 32,
+            "num_heads": 32, "vocab_size": 32000, "intermediate_size": 11008, "rms_norm_eps": 1e-05,
+            "compute_dtype": "bfloat16", "layernorm_compute_type": "float32", "softmax_compute_type": "float32",
+            "rotary_dtype": "float32", "param_init_type": "float32", "use_past": False, "use_flash_attention": True,
+            "offset": 0}
+YAML_7B_841 = {
+    "seed": 0, "output_dir": "./output", "run_mode": "train",
+    "trainer": {"type": "CausalLanguageModelingTrainer", "model_name": "llama2"},
+    "runner_config": {"epochs": 1, "batch_size": 1, "sink_mode": True, "sink_size": 1, "gradient_accumulation_steps": 8},
+    "optimizer": {"type": "AdamW", "betas": [0.9, 0.95], "eps": 1e-08, "learning_rate": 0.003},
+    "lr_schedule": {"type": "CosineWithWarmUpLR", "learning_rate": 0.003, "lr_end": 0.0, "warmup_ratio": 0.03,
+                    "total_steps": -1},
+    "train_dataset": {"data_loader": {"type": "MindDataset", "dataset_dir": "", "shuffle": True},
+                      "input_columns": ["input_ids"], "drop_remainder": True, "batch_size": 1, "repeat": 1,
+                      "num_parallel_workers": 8},
+    "train_dataset_task": {"type": "CausalLanguageModelDataset"},
+    "use_parallel": True,
+    "parallel": {"parallel_mode": 1, "gradients_mean": False, "full_batch": True, "search_mode": "sharding_propagation",
+                 "enable_parallel_optimizer": True, "strategy_ckpt_save_file": "./ckpt_strategy.ckpt",
+                 "parallel_optimizer_config": {"gradient_accumulation_shard": False, "parallel_optimizer_threshold": 64}},
+    "parallel_config": {"data_parallel": 8, "model_parallel": 4, "pipeline_stage": 1, "micro_batch_num": 1,
+                        "vocab_emb_dp": True, "use_seq_parallel": False, "gradient_aggregation_group": 4},
+    "micro_batch_interleave_num": 1,
+    "recompute_config": {"recompute": False, "select_recompute": False, "parallel_optimizer_comm_recompute": False,
+                         "mp_comm_recompute": True, "recompute_slice_activation": True},
+    "context": {"mode": 0, "device_target": "Ascend", "max_call_depth": 10000, "max_device_memory": "58GB",
+                "device_id": 0},
+    "model": {"model_config": MODEL_7B, "arch": {"type": "LlamaForCausalLM"}},
+    "runner_wrapper": {"type": "MFTrainOneStepCell", "use_clip_grad": True},
+    "callbacks": [{"type": "MFLossMonitor"}],
+}
+
+
+def test_the_emitted_yaml_key_by_key():
+    assert P.mindformers_yaml(CFG, LAY_841, seq_len=4096) == YAML_7B_841
+    assert P.mindformers_yaml(CFG, LAY_841) == YAML_7B_841                     # seq_len None: the config's 4096
+    pp = P.mindformers_yaml(CFG, P.make_layout(CFG, 2, 4, 4, 8, global_batch=64, seq_len=4096))
+    assert pp["parallel_config"] == {"data_parallel": 2, "model_parallel": 4, "pipeline_stage": 4, "micro_batch_num": 8,
+                                     "vocab_emb_dp": True, "use_seq_parallel": False, "gradient_aggregation_group": 4}
+    assert pp["runner_config"]["gradient_accumulation_steps"] == 1 and pp["runner_config"]["batch_size"] == 4
+
+
+def test_the_yaml_follows_the_config_and_the_options():
+    from dataclasses import asdict
+    from types import SimpleNamespace
+    # grouped-query attention: a config that has num_kv_heads (RunConfig has none)
+    cfg = SimpleNamespace(**asdict(CFG.replace(seed=7, lr=1e-4, compute_dtype="float16", recompute="full", seq_len=2048)),
+                          num_kv_heads=8)
+    y = P.mindformers_yaml(cfg, LAY_841, zero_stage=2, max_device_memory_gb=30, use_flash_attention=False)
+    assert (y["seed"], y["optimizer"]["learning_rate"], y["lr_schedule"]["learning_rate"]) == (7, 1e-4, 1e-4)
+    assert type(y["optimizer"]["learning_rate"]) is float and type(y["seed"]) is int
+    assert y["model"]["model_config"] == {**MODEL_7B, "seq_length": 2048, "compute_dtype": "float16",
+                                          "use_flash_attention": False, "n_kv_heads": 8}
+    assert y["parallel"]["parallel_optimizer_config"]["gradient_accumulation_shard"] is True
+    assert y["parallel"]["enable_parallel_optimizer"] is True and y["context"]["max_device_memory"] == "30GB"
+    assert (y["recompute_config"]["recompute"], y["recompute_config"]["select_recompute"]) == (True, False)
+    sel = P.mindformers_yaml(CFG.replace(recompute="selective"), LAY_841)["recompute_config"]
+    assert (sel["recompute"], sel["select_recompute"]) == (False, True)
+    forced = P.mindformers_yaml(CFG.replace(recompute="full"), LAY_841, recompute=False, select_recompute=True)
+    assert (forced["recompute_config"]["recompute"], forced["recompute_config"]["select_recompute"]) == (False, True)
+    # kv heads equal to the heads: plain multi-head attention, no n_kv_heads key
+    assert "n_kv_heads" not in P.mindformers_yaml(SimpleNamespace(**asdict(CFG), num_kv_heads=32),
+                                                  LAY_841)["model"]["model_config"]
+    z0 = P.mindformers_yaml(CFG, LAY_841, zero_stage=0)["parallel"]
+    assert z0["enable_parallel_optimizer"] is False and z0["parallel_optimizer_config"]["gradient_accumulation_shard"] is False
+
+
+def test_a_config_that_is_not_ours_takes_the_documented_defaults():
+    from types import SimpleNamespace
+    plain = SimpleNamespace(seq_len=4096, hidden_size=4096, num_layers=32, num_heads=32, vocab_size=32000,
+                            ffn_hidden_size=11008)
+    y = P.mindformers_yaml(plain, LAY_841)
+    assert (y["seed"], y["optimizer"]["learning_rate"], y["model"]["model_config"]["compute_dtype"]) == (0, 3e-4, "bfloat16")
+    assert (y["recompute_config"]["recompute"], y["recompute_config"]["select_recompute"]) == (False, False)
+    assert y["model"]["model_config"] == {**MODEL_7B}
+
+
+@pytest.mark.parametrize("zero", [4, -1, "1", None])
+def test_a_bad_zero_stage_is_one_line(zero):
+    with pytest.raises(ValueError) as e:
+        P.mindformers_yaml(CFG, LAY_841, zero_stage=zero)
+    assert str(e.value) == f"mindformers_yaml: zero_stage={zero!r} is invalid; fix: 0, 1, 2 or 3"
+
+
+@pytest.mark.parametrize("field", ["seq_len", "hidden_size", "num_layers", "num_heads", "vocab_size", "ffn_hidden_size"])
+def test_a_missing_model_field_is_named(field):
+    from types import SimpleNamespace
+    plain = SimpleNamespace(seq_len=4096, hidden_size=4096, num_layers=32, num_heads=32, vocab_size=32000,
+                            ffn_hidden_size=11008)
+    delattr(plain, field)
+    with pytest.raises(ValueError, match=f"^cfg.{field}=None is invalid"):
+        P.mindformers_yaml(plain, LAY_841)
