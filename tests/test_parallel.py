@@ -4,6 +4,7 @@ against a simulated schedule, mindformers' own checks, and (slow, msrun) the 2-r
 from __future__ import annotations
 
 import doctest
+import math
 
 import pytest
 
@@ -354,3 +355,78 @@ def test_the_planners_step_time_uses_the_sequence_asked_for():
     assert L7.seq_len != 1024
     assert best.step_time == estimate_step_time(L7, best, hw, global_batch=16, seq_len=1024)
     assert best.step_time != estimate_step_time(L7, best, hw, global_batch=16, seq_len=L7.seq_len)
+
+
+# ---------------------------------------------------------------- estimate_step_time and stage_activation_bytes by hand
+HW_HAND = Hardware(peak_flops_per_device=1e15, intra_node_bytes_per_s=100e9, inter_node_bytes_per_s=10e9,
+                   devices_per_node=8, compute_efficiency=0.5, intra_node_latency_s=1e-5, inter_node_latency_s=1e-4)
+
+
+def _hand_layout(dp, mp, pp, m, tp=1000e6, dpb=2000e6, ppb=300e6):
+    return Layout(dp=dp, mp=mp, pp=pp, micro_batches=m, micro_batch_size=1, memory_per_device_bytes=0,
+                  comm_bytes_per_step=int(tp + dpb + ppb), bubble_fraction=(pp - 1) / (m + pp - 1),
+                  comm_dp_bytes=int(dpb), comm_tp_bytes=int(tp), comm_pp_bytes=int(ppb))
+
+
+def test_estimate_step_time_worked_by_hand():
+    cfg = L7.replace(recompute="full")
+    n = memory.llama_param_count(cfg)
+    lay = _hand_layout(2, 4, 2, 4)                     # tp span 4 and dp span 8 inside a node, pp span 16 across
+    got = estimate_step_time(cfg, lay, HW_HAND, global_batch=16, seq_len=2048)
+    compute = (6 * n + 12 * 32 * 4096 * 2048) * 16 * 2048 / 16 / (1e15 * 0.5)
+    n_tp = 4 * (98 - 1)          # 98 all-reduces per micro-batch over 16 layers with full recompute, one fewer with pp
+    tp_s = 1000e6 / 100e9 + n_tp * 1e-5
+    dp_s = 2000e6 / 100e9 + 1e-5
+    pp_s = 300e6 / 10e9 + 2 * 4 * 1e-4
+    busy = compute + tp_s + pp_s
+    bubble = busy * 0.2 / 0.8
+    step = busy + bubble + dp_s
+    want = {"compute_s": compute, "tp_comm_s": tp_s, "dp_comm_s": dp_s, "pp_comm_s": pp_s, "bubble_s": bubble,
+            "step_s": step, "comm_share": (tp_s + dp_s + pp_s) / step}
+    assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], rel=1e-12) for k in want), (got, want)
+    # no seq_len: the config's; a config that is not a RunConfig works alike
+    assert estimate_step_time(cfg, lay, HW_HAND, global_batch=16) == \
+        estimate_step_time(cfg, lay, HW_HAND, global_batch=16, seq_len=4096)
+    # recompute read off the config: without it, 66 all-reduces per micro-batch
+    plain = estimate_step_time(L7.replace(recompute="none"), lay, HW_HAND, global_batch=16, seq_len=2048)
+    assert plain["tp_comm_s"] == pytest.approx(1000e6 / 100e9 + 4 * (66 - 1) * 1e-5, rel=1e-12)
+
+
+def test_estimate_step_time_pays_latency_only_for_groups_that_exist():
+    cfg = L7.replace(recompute="none")
+    one = estimate_step_time(cfg, _hand_layout(1, 1, 1, 1, tp=0, dpb=0, ppb=0), HW_HAND, global_batch=1, seq_len=128)
+    assert (one["tp_comm_s"], one["dp_comm_s"], one["pp_comm_s"], one["bubble_s"]) == (0.0, 0.0, 0.0, 0.0)
+    assert one["step_s"] == one["compute_s"] and one["comm_share"] == 0.0
+    two = estimate_step_time(cfg, _hand_layout(1, 2, 1, 3, tp=0, dpb=0, ppb=0), HW_HAND, global_batch=1, seq_len=128)
+    assert two["tp_comm_s"] == pytest.approx(3 * 130 * 1e-5, rel=1e-12)   # 32 layers: 130 all-reduces, none fewer (pp = 1)
+    # a dp group of 16 spans two nodes: inter-node bandwidth and latency
+    wide = estimate_step_time(cfg, _hand_layout(16, 1, 1, 1, tp=0, dpb=1e9, ppb=0), HW_HAND, global_batch=16, seq_len=128)
+    assert wide["dp_comm_s"] == pytest.approx(1e9 / 10e9 + 1e-4, rel=1e-12)
+
+
+def test_stage_activation_bytes_by_hand():
+    from types import SimpleNamespace
+    from mshelpers.memory import activation_bytes_per_layer
+    cfg = L7.replace(recompute="selective", compute_dtype="bfloat16")
+    lay = make_layout(cfg, 2, 4, 4, 8, global_batch=64, seq_len=4096)
+    per = activation_bytes_per_layer(2048, lay.micro_batch_size, 4096, 32, tp=4, sequence_parallel=True,
+                                     recompute="selective", bytes_per_value=2, flash_attention=True)
+    got = parallel.stage_activation_bytes(cfg, lay, "interleaved", 2, seq_len=2048, sequence_parallel=True,
+                                          interleaved_order="memory", flash_attention=True, stage=1)
+    assert got == {"in_flight": 3.5, "layers_per_stage": 8, "per_layer_bytes": per, "micro_batch_bytes": per * 8,
+                   "bytes": math.ceil(3.5 * per * 8)}
+    assert type(got["layers_per_stage"]) is int and type(got["micro_batch_bytes"]) is int
+    # defaults: the config's seq_len, float32 values (4 bytes) when the config names no dtype, 1 sequence per
+    # micro-batch when the layout names none, the config's recompute, 1F1B's first stage
+    plain = SimpleNamespace(seq_len=512, num_layers=8, hidden_size=64, num_heads=4, recompute="full")
+    bare = SimpleNamespace(pp=2, mp=2, micro_batches=4)
+    per4 = activation_bytes_per_layer(512, 1, 64, 4, tp=2, recompute="full", bytes_per_value=4)
+    assert parallel.stage_activation_bytes(plain, bare) == {
+        "in_flight": 2, "layers_per_stage": 4, "per_layer_bytes": per4, "micro_batch_bytes": per4 * 4,
+        "bytes": 2 * per4 * 4}
+    assert parallel.stage_activation_bytes(plain, bare, bytes_per_value=2)["per_layer_bytes"] == \
+        activation_bytes_per_layer(512, 1, 64, 4, tp=2, recompute="full", bytes_per_value=2)
+    with pytest.raises(ValueError) as e:
+        parallel.stage_activation_bytes(plain, SimpleNamespace(pp=4, mp=1, micro_batches=8), "interleaved", 4)
+    assert str(e.value) == ("stage_activation_bytes: num_layers=8 is not divisible by pp*virtual_stages = 4*4; "
+                            "fix: choose virtual_stages dividing 2")
