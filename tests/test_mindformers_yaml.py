@@ -162,3 +162,39 @@ def test_a_missing_model_field_is_named(field):
     delattr(plain, field)
     with pytest.raises(ValueError, match=f"^cfg.{field}=None is invalid"):
         P.mindformers_yaml(plain, LAY_841)
+
+
+def test_validation_writes_the_yaml_in_order_and_returns_what_mindformers_built(capfd):
+    import yaml
+    P.validate_mindformers_yaml(YAML_7B_841)          # mindformers imported (MindSpore warns of deprecations then)
+    capfd.readouterr()
+    r = P.validate_mindformers_yaml(YAML_7B_841)
+    out = capfd.readouterr()
+    # mindformers' templates log a WARNING per optional section left empty; validation keeps them quiet
+    assert "WARNING" not in out.out + out.err, (out.out + out.err)[-2000:]
+    assert r["path"].name == "train.yaml" and r["path"].parent.name.startswith("mf_yaml_")
+    assert r["path"].read_text() == yaml.safe_dump(YAML_7B_841, sort_keys=False)     # the spec's key order
+    assert r["path"].read_text().startswith("seed: 0\noutput_dir: ./output\n")
+    rc = r["recompute_config"]
+    assert type(rc).__name__ == "TransformerRecomputeConfig"
+    assert (rc.recompute, rc.select_recompute, rc.mp_comm_recompute) == (False, False, True)
+    pc = r["llama_config"].parallel_config                                            # the planned one, not a default
+    assert (pc.data_parallel, pc.model_parallel) == (8, 4) and r["parallel_config"] is pc
+    assert r["global_batch"] == 64
+
+
+@pytest.mark.parametrize("where, value, line", [
+    (("model", "arch", "type"), "GPT2LMHeadModel", "validate_mindformers_yaml: arch 'GPT2LMHeadModel' is not LlamaForCausalLM"),
+    (("trainer", "type"), "NoSuchTrainer", "validate_mindformers_yaml: 'NoSuchTrainer' is not a registered mindformers trainer"),
+    (("optimizer", "betaz"), 1, "validate_mindformers_yaml: AdamW takes no ['betaz']"),
+])
+def test_what_mindformers_would_accept_silently_is_one_line(where, value, line, tmp_path):
+    import copy
+    spec = copy.deepcopy(YAML_7B_841)
+    d = spec
+    for k in where[:-1]:
+        d = d[k]
+    d[where[-1]] = value
+    with pytest.raises(ValueError) as e:
+        P.validate_mindformers_yaml(spec, tmp_path / "t.yaml")
+    assert str(e.value) == line
