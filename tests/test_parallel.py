@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import math
+from types import SimpleNamespace as _NS
 
 import pytest
 
@@ -430,3 +431,75 @@ def test_stage_activation_bytes_by_hand():
         parallel.stage_activation_bytes(plain, SimpleNamespace(pp=4, mp=1, micro_batches=8), "interleaved", 4)
     assert str(e.value) == ("stage_activation_bytes: num_layers=8 is not divisible by pp*virtual_stages = 4*4; "
                             "fix: choose virtual_stages dividing 2")
+
+
+# ---------------------------------------------------------------- every refusal of the planner's functions, exactly
+_HW = Hardware.reference("a100-sxm")
+_REFUSALS = {
+    'plan n_devices': (lambda: parallel.plan_parallel_layout(L7, 0, global_batch=8),
+           'plan_parallel_layout: n_devices=0 is invalid; fix: pass a positive integer'),
+    'plan global_batch': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=0),
+           'plan_parallel_layout: global_batch=0 is invalid; fix: pass a positive integer'),
+    'plan seq_len': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=8, seq_len=-1),
+           'plan_parallel_layout: seq_len=-1 is invalid; fix: pass a positive integer'),
+    'plan cfg': (lambda: parallel.plan_parallel_layout(_NS(), 8, global_batch=8),
+           'plan_parallel_layout: cfg=SimpleNamespace is not a RunConfig; fix: pass RunConfig.preset(...)'),
+    'plan budget': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=8, memory_budget_bytes=0),
+           'plan_parallel_layout: memory_budget_bytes=0 is invalid; fix: a positive byte count'),
+    'plan m': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=8, micro_batches=[0]),
+           'plan_parallel_layout: micro_batches=0 is invalid; fix: pass a positive integer'),
+    'make v': (lambda: parallel.make_layout(L7, 8, 4, 1, 8, global_batch=64, virtual_stages=0),
+           'make_layout: virtual_stages=0 is invalid; fix: pass a positive integer'),
+    'make sched': (lambda: parallel.make_layout(L7, 8, 4, 1, 8, global_batch=64, schedule="zb"),
+           "make_layout: schedule='zb' is unknown; fix: use one of ('gpipe', '1f1b', 'interleaved')"),
+    'make inter': (lambda: parallel.make_layout(L7, 8, 4, 1, 8, global_batch=64, schedule="interleaved", virtual_stages=2),
+           'make_layout: interleaved with pp=1, virtual_stages=2 needs pp > 1 and pp*virtual_stages dividing num_layers=32; fix: use a virtual_stages dividing 32 with pp > 1'),
+    'make inter2': (lambda: parallel.make_layout(L7, 2, 4, 4, 8, global_batch=64, schedule="interleaved", virtual_stages=3),
+           'make_layout: interleaved with pp=4, virtual_stages=3 needs pp > 1 and pp*virtual_stages dividing num_layers=32; fix: use a virtual_stages dividing 8 with pp > 1'),
+    'sim pp': (lambda: parallel.simulate_pipeline(0, 4),
+           'simulate_pipeline: pp=0 is invalid; fix: pass a positive integer'),
+    'sim m': (lambda: parallel.simulate_pipeline(2, 0),
+           'simulate_pipeline: micro_batches=0 is invalid; fix: pass a positive integer'),
+    'sim v': (lambda: parallel.simulate_pipeline(2, 4, virtual_stages=0),
+           'simulate_pipeline: virtual_stages=0 is invalid; fix: pass a positive integer'),
+    'sim sched': (lambda: parallel.simulate_pipeline(2, 4, "zb"),
+           "simulate_pipeline: schedule='zb' is unknown; fix: use one of ('gpipe', '1f1b', 'interleaved')"),
+    'fl pp': (lambda: parallel.pipeline_in_flight(0, 4),
+           'pipeline_in_flight: pp=0 is invalid; fix: pass a positive integer'),
+    'fl m': (lambda: parallel.pipeline_in_flight(2, 0),
+           'pipeline_in_flight: micro_batches=0 is invalid; fix: pass a positive integer'),
+    'fl v': (lambda: parallel.pipeline_in_flight(2, 4, virtual_stages=0),
+           'pipeline_in_flight: virtual_stages=0 is invalid; fix: pass a positive integer'),
+    'fl sched': (lambda: parallel.pipeline_in_flight(2, 4, "zb"),
+           "pipeline_in_flight: schedule='zb' is unknown; fix: use one of ('gpipe', '1f1b', 'interleaved')"),
+    'ct op': (lambda: parallel.collective_time("all_to_all", 100, 2, _HW),
+           "collective_time: op='all_to_all' is unknown; fix: use one of ('all_reduce', 'all_gather', 'reduce_scatter', 'broadcast')"),
+    'ct g': (lambda: parallel.collective_time("all_reduce", 100, 0, _HW),
+           'collective_time: group_size=0 is invalid; fix: pass a positive integer'),
+    'ag g': (lambda: parallel.ring_allgather_bytes(100, 0),
+           'ring_allgather_bytes: group_size=0 is invalid; fix: pass a positive integer'),
+    'pab neg': (lambda: parallel.pipeline_activation_bytes(-1, 2, 4),
+           'pipeline_activation_bytes: stage_bytes_per_micro_batch=-1; fix: pass the bytes one micro-batch leaves on one stage (>= 0)'),
+    'pab str': (lambda: parallel.pipeline_activation_bytes("1", 2, 4),
+           "pipeline_activation_bytes: stage_bytes_per_micro_batch='1'; fix: pass the bytes one micro-batch leaves on one stage (>= 0)"),
+    'fit one': (lambda: parallel.fit_alpha_beta([{"op": "all_reduce", "bytes": 4096, "seconds": 1e-3}], "all_reduce"),
+           "fit_alpha_beta: op='all_reduce' has 1 usable rows at 1 distinct sizes; fix: measure at least 2 sizes that ran, e.g. measure_collectives(ops=['all_reduce'])"),
+    'fit flat': (lambda: parallel.fit_alpha_beta([{"op": "all_reduce", "bytes": b, "seconds": t} for b, t in ((4096, 2e-3), (1 << 20, 1e-3))], "all_reduce"),
+           "fit_alpha_beta: op='all_reduce': time does not grow with size over [4096.0, 1048576.0] (the fitted 1/beta is not positive); fix: measure sizes spanning at least 100x, up to 16 MiB or more, with more repeats"),
+    'fit err': (lambda: parallel.fit_alpha_beta([{"op": "all_reduce", "bytes": 4096, "seconds": None, "error": "boom"}], "all_reduce"),
+           "fit_alpha_beta: op='all_reduce' has 0 usable rows at 0 distinct sizes (its rows carry errors: boom); fix: measure at least 2 sizes that ran, e.g. measure_collectives(ops=['all_reduce'])"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_REFUSALS))
+def test_every_planner_refusal_is_one_exact_line(case):
+    call, line = _REFUSALS[case]
+    with pytest.raises(ValueError) as e:
+        call()
+    assert str(e.value) == line
+
+
+def test_the_edges_the_refusals_leave_open():
+    assert parallel.ring_allgather_bytes(100, 1) == 0 and parallel.collective_time("all_reduce", 100, 1, _HW) == 0.0
+    assert parallel.pipeline_activation_bytes(0, 2, 4) == 0
+    assert parallel.plan_parallel_layout(L7, 8, global_batch=8, memory_budget_bytes=1)    # nothing fits, still ranked
