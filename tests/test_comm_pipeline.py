@@ -433,3 +433,37 @@ def test_measure_collectives_refusal_lines(kw, line):
     with pytest.raises(ValueError) as e:
         parallel.measure_collectives(**({"ranks": 2} | kw))
     assert line in str(e.value)
+
+
+def test_a_two_stage_1f1b_played_out_by_hand():
+    # stage 0: F0 F1 B0 B1 (one warm-up forward), stage 1: F0 B0 F1 B1; forward 1 s, backward 3 s
+    r = simulate_pipeline(2, 2, "1f1b", forward_time=1.0, backward_time=3.0)
+    assert r["ops"] == [(0, "F", 0, 0.0, 1.0), (1, "F", 0, 1.0, 2.0), (0, "F", 1, 1.0, 2.0), (1, "B", 0, 2.0, 5.0),
+                        (0, "B", 0, 5.0, 8.0), (1, "F", 1, 5.0, 6.0), (1, "B", 1, 6.0, 9.0), (0, "B", 1, 9.0, 12.0)]
+    assert r["chunks"] == [0] * 8 and r["makespan"] == 12.0
+    assert r["idle_fraction"] == pytest.approx(1 - 2 * 2 * (1 + 3) / (2 * 12.0))       # 16 busy of 24 stage-seconds
+    assert (r["schedule"], r["virtual_stages"], r["peak_in_flight"], r["peak_in_flight_chunks"]) == \
+        ("1f1b", 1, [2, 1], [2, 1])
+    # interleaved, 2 chunks: stage s warms up (p + m mod p)(v-1) + 2(p-s-1) forwards, so holds 5 and 3 chunks
+    iv = simulate_pipeline(2, 4, "interleaved", 2, forward_time=1.0, backward_time=3.0)
+    assert (iv["peak_in_flight_chunks"], iv["peak_in_flight"], iv["makespan"]) == ([5, 3], [2.5, 1.5], 18.0)
+    assert iv["chunks"][:8] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_send_factors_and_the_link_a_collective_uses():
+    assert (parallel._send_factor("all_reduce", 4), parallel._send_factor("all_gather", 4),
+            parallel._send_factor("reduce_scatter", 4), parallel._send_factor("broadcast", 4)) == (1.5, 0.75, 0.75, 1.0)
+    hw = Hardware(1e12, intra_node_bytes_per_s=1e9, inter_node_bytes_per_s=1e8, intra_node_latency_s=1e-4,
+                  inter_node_latency_s=1e-3)
+    assert collective_time("reduce_scatter", 4e6, 4, hw) == pytest.approx(1e-4 + 0.75 * 4e6 / 1e9)
+    assert collective_time("reduce_scatter", 4e6, 4, hw, crosses_nodes=True) == pytest.approx(1e-3 + 0.75 * 4e6 / 1e8)
+    assert collective_time("broadcast", 4e6, 8, hw) == pytest.approx(1e-4 + 4e6 / 1e9)
+
+
+def test_mindformers_parallel_config_micro_batches_only_with_a_pipeline():
+    two = make_layout(L7, 4, 4, 2, 8, global_batch=64, seq_len=4096)
+    assert parallel.mindformers_parallel_config(two) == {
+        "data_parallel": 4, "model_parallel": 4, "pipeline_stage": 2, "micro_batch_num": 8, "vocab_emb_dp": True,
+        "use_seq_parallel": False, "gradient_aggregation_group": 4}
+    assert parallel.mindformers_parallel_config(two, vocab_emb_dp=False, use_seq_parallel=True)["vocab_emb_dp"] is False
+    assert parallel.mindformers_parallel_config(make_layout(L7, 8, 4, 1, 8, global_batch=64))["micro_batch_num"] == 1

@@ -503,3 +503,55 @@ def test_the_edges_the_refusals_leave_open():
     assert parallel.ring_allgather_bytes(100, 1) == 0 and parallel.collective_time("all_reduce", 100, 1, _HW) == 0.0
     assert parallel.pipeline_activation_bytes(0, 2, 4) == 0
     assert parallel.plan_parallel_layout(L7, 8, global_batch=8, memory_budget_bytes=1)    # nothing fits, still ranked
+
+
+def test_the_planner_lists_exactly_the_valid_layouts_with_make_layouts_costs():
+    kw = dict(global_batch=64, seq_len=1024)
+    plans = plan_parallel_layout(L7, 16, **kw, zero_stage=1, sequence_parallel=True)
+    want = set()
+    for mp in (1, 2, 4, 8, 16):
+        for pp in (1, 2, 4, 8, 16):
+            if 16 % (mp * pp) or 64 % (16 // (mp * pp)):
+                continue
+            for m in range(1, 33):
+                try:
+                    validate_layout(L7, 16 // (mp * pp), mp, pp, m, n_devices=16, global_batch=64)
+                except ValueError:
+                    continue
+                want.add((16 // (mp * pp), mp, pp, m))
+    assert {(l.dp, l.mp, l.pp, l.micro_batches) for l in plans} == want and len(plans) == len(want)
+    for lay in plans:
+        assert lay == make_layout(L7, lay.dp, lay.mp, lay.pp, lay.micro_batches, **kw, zero_stage=1,
+                                  sequence_parallel=True)
+    # defaults: max_micro_batches 32, ZeRO 0, no flash attention, no sequence parallelism
+    base = plan_parallel_layout(L7, 8, **kw)
+    assert base == plan_parallel_layout(L7, 8, **kw, max_micro_batches=32, zero_stage=0, flash_attention=False,
+                                        sequence_parallel=False)
+    assert base != plan_parallel_layout(L7, 8, **kw, zero_stage=1)
+    assert base != plan_parallel_layout(L7, 8, **kw, flash_attention=True)
+    ms = {l.micro_batches for l in plan_parallel_layout(L7, 2, global_batch=66, seq_len=512)}
+    assert ms == {1, 2, 3, 6, 11, 22}                         # divisors of 66 (dp 1) and 33 (dp 2) up to 32
+    inter = plan_parallel_layout(L7, 8, global_batch=64, seq_len=512, schedule="interleaved", virtual_stages=8)
+    assert {l.pp for l in inter} == {1, 2, 4}                 # pp 8 x v 8 does not divide 32 layers: left out
+    assert all(l.schedule == "interleaved" for l in inter if l.pp > 1)
+    assert all(l.schedule == "1f1b" and l.virtual_stages == 1 for l in inter if l.pp == 1)
+
+
+def test_no_valid_layout_is_one_line():
+    with pytest.raises(ValueError) as e:
+        plan_parallel_layout(L7, 7, global_batch=1)
+    assert str(e.value) == ("plan_parallel_layout: no valid layout for n_devices=7, global_batch=1 with num_heads=32, "
+                            "ffn_hidden_size=11008, num_layers=32; fix: use a global_batch divisible by a factor of "
+                            "n_devices (e.g. a multiple of n_devices)")
+
+
+def test_make_layout_defaults_and_the_run_it_prices():
+    one = make_layout(L7, 8, 1, 1, global_batch=8)
+    assert one == make_layout(L7, 8, 1, 1, 1, global_batch=8, seq_len=L7.seq_len, zero_stage=0)
+    assert one.micro_batches == 1 and one != make_layout(L7, 8, 1, 1, 1, global_batch=8, zero_stage=1)
+    # the memory is memory.estimate's for the whole global batch at this seq_len, split by the layout
+    lay = make_layout(L7, 2, 4, 1, 4, global_batch=16, seq_len=1024)
+    est = memory.estimate(L7.replace(batch_size=16, seq_len=1024, dp=1, mp=1, pp=1, micro_batches=1), n_devices=8,
+                          layout=_NS(dp=2, mp=4, pp=1, micro_batches=4), zero_stage=0)
+    assert lay.memory_per_device_bytes == est["total"] and lay.activation_bytes == est["activations"]
+    assert lay.model_state_bytes == est["params"] + est["grads"] + est["optimizer_states"]
