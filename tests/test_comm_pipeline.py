@@ -467,3 +467,24 @@ def test_mindformers_parallel_config_micro_batches_only_with_a_pipeline():
         "use_seq_parallel": False, "gradient_aggregation_group": 4}
     assert parallel.mindformers_parallel_config(two, vocab_emb_dp=False, use_seq_parallel=True)["vocab_emb_dp"] is False
     assert parallel.mindformers_parallel_config(make_layout(L7, 8, 4, 1, 8, global_batch=64))["micro_batch_num"] == 1
+
+
+def test_measure_collectives_documented_defaults(monkeypatch):
+    import inspect
+    import os
+    p = inspect.signature(parallel.measure_collectives).parameters
+    assert {k: p[k].default for k in ("ranks", "sizes", "repeats", "warmup", "max_seconds_per_size", "threads",
+                                      "timeout", "log_dir")} == dict(ranks=2, sizes=None, repeats=7, warmup=2,
+                                                                     max_seconds_per_size=4.0, threads=None,
+                                                                     timeout=300, log_dir=None)
+    assert parallel.DEFAULT_COLLECTIVE_SIZES == (4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20)
+    # threads None: the cores divided among the ranks, at least 1; an unknown core count counts as 1
+    assert parallel._collectives_bench_args(1, [8], ["all_reduce"], 3, 2, 4.0, None)[-1] == str(os.cpu_count() or 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert parallel._collectives_bench_args(1, [8], ["all_reduce"], 3, 2, 4.0, None)[-1] == "1"
+    monkeypatch.setattr(os, "cpu_count", lambda: 7)
+    assert parallel._collectives_bench_args(2, [8], ["all_reduce"], 3, 2, 4.0, None)[-1] == "3"
+
+
+def test_a_sub_unit_peak_is_still_a_peak():
+    assert Hardware.from_measurement(_fit(), peak_flops_per_device=0.5).peak_flops_per_device == 0.5

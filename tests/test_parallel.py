@@ -336,6 +336,7 @@ def test_auto_parallel_context_exact():
     assert parallel.auto_parallel_context(_lay(8, 4, 1, 8), zero_stage=2)["parallel_optimizer_config"] == \
         {"optimizer_level": "level2"}
     assert "pipeline_stages" not in parallel.auto_parallel_context(_lay(8, 4, 1, 8))
+    assert parallel.auto_parallel_context(_lay(4, 4, 2, 8))["pipeline_stages"] == 2
 
 
 def test_auto_parallel_plan_exact():
@@ -348,6 +349,9 @@ def test_auto_parallel_plan_exact():
         "wrapper": "Pipeline", "micro_size": 8, "parallel_mode": "semi_auto",
         "pipeline": {"stages": 4, "scheduler": "1f1b"},
         "hsdp": {"shard_size": -1, "threshold": 64, "optimizer_level": "level3"}}
+    two = parallel.auto_parallel_plan(_lay(4, 4, 2, 8))
+    assert (two["wrapper"], two["pipeline"]) == ("Pipeline", {"stages": 2, "scheduler": "1f1b"})
+    assert parallel.auto_parallel_plan(_lay(8, 4, 1, 2))["wrapper"] == "GradAccumulation"
 
 
 def test_the_planners_step_time_uses_the_sequence_asked_for():
