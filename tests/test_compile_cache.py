@@ -21,10 +21,16 @@ import pytest
 PROBE = Path(__file__).with_name("_cache_probe.py")
 
 
-def run_probe(kind: str, cache: Path) -> list[list[float]]:
+def run_probe(kind: str, cache: Path, garbage_ok: bool = False) -> list[list[float]] | str:
+    """The probe's losses and gradient norms. With garbage_ok, a run that reads uninitialised memory and dies
+    in a kernel (seen once in a fresh-clone CI run: Gather's indices out of range) returns MindSpore's line."""
     env = {**os.environ, "MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(cache), "GLOG_v": "3"}
     p = subprocess.run([sys.executable, str(PROBE), kind], capture_output=True, text=True, env=env, timeout=300)
     line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    if not line and garbage_ok:
+        died = [l for l in (p.stdout + p.stderr).splitlines() if l.startswith("RuntimeError: For '")]
+        if died:
+            return died[-1]
     assert line, f"probe {kind} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
     return json.loads(line[-1][len("RESULT "):])
 
@@ -32,12 +38,17 @@ def run_probe(kind: str, cache: Path) -> list[list[float]]:
 def test_a_jitted_function_step_loses_its_weights_on_a_warm_cache_and_a_cell_step_does_not(tmp_path):
     from mshelpers.config import RunConfig
     ln_v = math.log(RunConfig.preset("tiny").vocab_size)
-    cold_f, warm_f = run_probe("function", tmp_path / "f"), run_probe("function", tmp_path / "f")
+    cold_f = run_probe("function", tmp_path / "f")
+    warm_f = run_probe("function", tmp_path / "f", garbage_ok=True)
     print("function step, cold:", cold_f, "warm:", warm_f)
     assert cold_f[0][1] > 0 and abs(cold_f[0][0] - ln_v) > 1e-3          # cold: real weights
-    # warm: the same weights and batch give another step-1 loss: the graph does not read the parameters
-    # (mini: exactly ln V with gradient norm 0, i.e. zeros; tiny: NaN, i.e. uninitialised memory)
-    assert not warm_f[0][0] == pytest.approx(cold_f[0][0], abs=1e-4)
+    # warm: the same weights and batch give another step-1 loss, or a kernel dies on what it read: the graph does
+    # not read the parameters (mini: exactly ln V with gradient norm 0, i.e. zeros; tiny: NaN, i.e. uninitialised
+    # memory, or once a Gather index out of range)
+    if isinstance(warm_f, str):
+        assert "Gather" in warm_f or "index" in warm_f, warm_f
+    else:
+        assert not warm_f[0][0] == pytest.approx(cold_f[0][0], abs=1e-4)
     cold_c, warm_c = run_probe("cell", tmp_path / "c"), run_probe("cell", tmp_path / "c")
     print("cell step, cold:", cold_c, "warm:", warm_c)
     flat = lambda rows: [x for row in rows for x in row]
