@@ -8,11 +8,11 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 .PHONY: venv cookbook outputs test unit nbval e2e chromium lab bench bench-pytorch mutate clean
 venv: $(STAMP)
 
+# uv installs the pinned stack faster than pip (same versions: tests/README.md). --compile-bytecode: this
+# machine sets PYTHONDONTWRITEBYTECODE=1, so without .pyc files every process would compile MindSpore and
+# mindformers from source (the unit tests took 671 s instead of 433)
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
-	# uv installs the pinned stack faster than pip (same versions: tests/README.md). --compile-bytecode: this
-	# machine sets PYTHONDONTWRITEBYTECODE=1, so without .pyc files every process would compile MindSpore and
-	# mindformers from source (the unit tests took 671 s instead of 433)
 	$(BIN)/python -m pip install -q $$(grep '^uv==' requirements.txt)
 	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -r requirements.txt
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .

@@ -32,18 +32,25 @@ def _fmt(v: Any, digits: int) -> str:
     return str(v)
 
 
+def _columns(fn: str, rows: Sequence[dict], columns: Sequence[str] | None) -> list:
+    """The columns asked for, or the union of the rows' keys in first-seen order."""
+    if not rows:
+        raise ValueError(f"{fn}: rows is empty; fix: pass at least one dict")
+    if columns is not None:
+        return list(columns)
+    out: list = []
+    for r in rows:
+        out += [k for k in r if k not in out]
+    return out
+
+
 def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None, digits: int = 4) -> str:
     """Format a list of dicts (one per run) as a GitHub Markdown table.
 
     Columns default to the union of keys in first-seen order. Floats get `digits`
     significant digits (or decimals for values >= 1).
     """
-    if not rows:
-        raise ValueError("markdown_table: rows is empty; fix: pass at least one dict")
-    if columns is None:
-        columns = []
-        for r in rows:
-            columns += [k for k in r if k not in columns]
+    columns = _columns("markdown_table", rows, columns)
     cells = [[_fmt(r.get(c), digits) for c in columns] for r in rows]
     widths = [max(len(str(c)), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"
@@ -60,12 +67,7 @@ def html_table(rows: Sequence[dict], columns: Sequence[str] | None = None, digit
     >>> html_table([{"run": "graph", "step_ms": 201.5}])
     '<table><thead><tr><th>run</th><th>step_ms</th></tr></thead><tbody><tr><td>graph</td><td>201.5</td></tr></tbody></table>'
     """
-    if not rows:
-        raise ValueError("html_table: rows is empty; fix: pass at least one dict")
-    if columns is None:
-        columns = []
-        for r in rows:
-            columns += [k for k in r if k not in columns]
+    columns = _columns("html_table", rows, columns)
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c), digits))}</td>" for c in columns) + "</tr>"
                    for r in rows)
