@@ -537,7 +537,9 @@ class StepLogger:
                 raise ValueError(f"StepLogger: outputs='loss_overflow_scale' but the network returned "
                                  f"{_describe(net_outputs)}; fix: outputs='loss' for a single loss, or a function")
             loss, overflow, scale = net_outputs
-            return {"loss": loss, "overflow": bool(_scalar("overflow", overflow)),
+            # a Python bool is the natural overflow flag (a scalar for the flag, though not for a loss)
+            flag = overflow if isinstance(overflow, bool) else bool(_scalar("overflow", overflow))
+            return {"loss": loss, "overflow": flag,
                     "loss_scale": _scalar("loss_scale", scale)}
         if isinstance(net_outputs, (tuple, list)):
             raise ValueError(f"StepLogger: outputs='loss' but the network returned {_describe(net_outputs)}; "

@@ -102,7 +102,8 @@ def run_isolated(fn: Callable, *args: Any, timeout: float = 900, env: dict | Non
     its arguments and result must pickle. `env` adds environment variables for the
     child only (e.g. the compile-cache switches): they are set inside the child, so the
     parent's os.environ is never touched and concurrent calls from threads do not mix.
-    `forkserver_preload` (module names, e.g. ("mindspore", "mindformers")) forks the child from a
+    `forkserver_preload` (module names, e.g. ("mshelpers", "mindspore", "mindformers"): mshelpers first, so
+    its filter of mindformers' import noise is in place) forks the child from a
     server that imported them once, instead of spawning a new interpreter: each run skips those
     imports (about 4 s for MindSpore and mindformers on 2 cores) and still starts from the same clean
     state. Its peak RSS counts only the inherited pages it touches, so it reads lower than a spawned

@@ -278,3 +278,79 @@ def test_share_of_achievable_uses_the_peak_it_is_given_and_names_a_bad_count(tmp
     with pytest.raises(ValueError) as e:
         share_of_achievable(100, 10, n_devices=0, measured_peak_flops=1000)
     assert str(e.value) == "share_of_achievable: n_devices=0 is invalid; fix: pass a positive integer"
+
+
+def test_peak_flops_record_and_cache_rules_exactly(tmp_path, monkeypatch, capsys):
+    """The measurement is patched (figures per shape fixed), so every field and cache rule is exact."""
+    import json
+    from mshelpers import metrics
+    cache = tmp_path / "sub" / "peak.json"            # a folder that does not exist yet is created
+    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(cache))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setattr(metrics, "cpu_info", lambda: {"cpu_model": "Test CPU", "cpu_family": "6", "threads": 2})
+    calls = []
+
+    def fake(m, k, n, repeats, dtype):
+        calls.append((m, k, n, repeats, dtype))
+        return {(8, 8, 8): 12.344e9, (16, 16, 16): 50.126e9, (4, 4, 4): 7.0e9}[(m, k, n)]
+    monkeypatch.setattr(metrics, "_measure_matmul_chain", fake)
+    shapes = ((8, 8, 8), (16, 16, 16), (4, 4, 4))
+    got = metrics.peak_flops(repeats=3, shapes=shapes, verbose=True)
+    assert got == 50.13e9                               # the best shape, rounded to 0.01 GFLOP/s
+    assert calls == [(8, 8, 8, 3, "float32"), (16, 16, 16, 3, "float32"), (4, 4, 4, 3, "float32")]
+    assert capsys.readouterr().out == ("  MatMul (8x8)@(8x8) compiled: 12.3 GFLOP/s\n"
+                                       "  MatMul (16x16)@(16x16) compiled: 50.1 GFLOP/s\n"
+                                       "  MatMul (4x4)@(4x4) compiled: 7.0 GFLOP/s\n")
+    key = "Test CPU|family 6|2 threads|CPU|float32"
+    stored = json.loads(cache.read_text())
+    assert list(stored) == [key]
+    rec = stored[key]
+    assert rec.pop("date")[:2] == "20"
+    assert rec == {"flops": 50.13e9, "dtype": "float32", "device": "CPU", "cpu_model": "Test CPU", "cpu_family": "6",
+                   "threads": 2, "omp_num_threads": "3", "method": metrics.PEAK_METHOD, "repeats": 3,
+                   "shapes": [{"m": 8, "k": 8, "n": 8, "gflops": 12.34}, {"m": 16, "k": 16, "n": 16, "gflops": 50.13},
+                              {"m": 4, "k": 4, "n": 4, "gflops": 7.0}]}
+    assert metrics.peak_flops_record()["flops"] == 50.13e9 and metrics.peak_flops_record("float16") is None
+    assert [p.name for p in cache.parent.iterdir()] == ["peak.json"]        # no temp file left
+    # cached: no measurement, whatever shapes are asked for; refresh measures again
+    calls.clear()
+    assert metrics.peak_flops(shapes=((4, 4, 4),)) == 50.13e9 and calls == []
+    assert metrics.peak_flops(refresh=True, repeats=1, shapes=((4, 4, 4),)) == 7.0e9
+    assert calls == [(4, 4, 4, 1, "float32")] and capsys.readouterr().out == ""
+    # another dtype is its own record beside the first; a record without a usable figure is measured again
+    assert metrics.peak_flops(dtype="float16", shapes=((8, 8, 8),)) == 12.34e9
+    stored = json.loads(cache.read_text())
+    assert sorted(stored) == [key.replace("float32", "float16"), key] and stored[key]["flops"] == 7.0e9
+    for bad in (0, -1.0, "50e9", None):
+        stored[key]["flops"] = bad
+        cache.write_text(json.dumps(stored))
+        calls.clear()
+        assert metrics.peak_flops(shapes=((16, 16, 16),)) == 50.13e9 and len(calls) == 1, bad
+        stored = json.loads(cache.read_text())
+    # unreadable cache: measured and rewritten; the record reader says None
+    cache.write_text("{torn")
+    assert metrics.peak_flops_record() is None
+    assert metrics.peak_flops(shapes=((8, 8, 8),)) == 12.34e9 and list(json.loads(cache.read_text())) == [key]
+    with pytest.raises(ValueError) as e:
+        metrics.peak_flops(dtype="int8")
+    assert str(e.value) == "peak_flops: dtype='int8' is invalid; fix: float32, float16 or bfloat16"
+
+
+def test_peak_key_reads_the_device_from_mindspore_only_when_it_is_imported(monkeypatch):
+    import sys
+    import types
+    from mshelpers import metrics
+    monkeypatch.setattr(metrics, "cpu_info", lambda: {"cpu_model": "M", "cpu_family": "25", "threads": 4})
+    fake = types.SimpleNamespace(get_context=lambda k: {"device_target": "Ascend"}[k])
+    monkeypatch.setitem(sys.modules, "mindspore", fake)
+    assert metrics._peak_key("float16") == ({"cpu_model": "M", "cpu_family": "25", "threads": 4}, "Ascend",
+                                            "M|family 25|4 threads|Ascend|float16")
+    fake.get_context = lambda k: None                 # no target set: CPU
+    assert metrics._peak_key("float32")[1:] == ("CPU", "M|family 25|4 threads|CPU|float32")
+
+    def broken(k):
+        raise RuntimeError("no context")
+    fake.get_context = broken                        # a context that cannot answer: the cache still can
+    assert metrics._peak_key("float32")[1] == "CPU"
+    monkeypatch.delitem(sys.modules, "mindspore")
+    assert metrics._peak_key("bfloat16")[1:] == ("CPU", "M|family 25|4 threads|CPU|bfloat16")

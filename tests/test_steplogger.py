@@ -211,3 +211,37 @@ def test_a_fixed_lr_is_read_and_a_schedule_is_nan():
                 ns(learning_rate=ms.Tensor(np.array([0.1, 0.2], np.float32))),
                 ns(learning_rate=ns(asnumpy=lambda: 1 / 0))):
         assert math.isnan(metrics._fixed_lr(opt)), opt
+
+
+def test_read_outputs_results_and_refusals_exactly():
+    import numpy as np
+    scaled = StepLogger(None, 100, 10, 1e3, outputs="loss_overflow_scale")
+    for overflow, want in ((np.bool_(False), False), (np.array([True]), True), (0, False), (1.0, True), (True, True)):
+        got = scaled.read_outputs([np.float32(2.5), overflow, np.array([64.0])])     # a list is a tuple here
+        assert got == {"loss": np.float32(2.5), "overflow": want, "loss_scale": 64.0}, overflow
+        assert type(got["overflow"]) is bool and type(got["loss_scale"]) is float
+    with pytest.raises(ValueError) as e:
+        scaled.read_outputs((np.float32(2.0), np.zeros(3), 1.0))
+    assert str(e.value).startswith("StepLogger: overflow=array([0., 0., 0.]) is not a scalar (shape (3,)); fix: ")
+    with pytest.raises(ValueError) as e:
+        scaled.read_outputs((np.float32(2.0), False, "big"))
+    assert str(e.value) == ("StepLogger: loss_scale='big' is not a scalar (type str); fix: reduce it to one number "
+                            "(e.g. .mean()) in the network, or pass outputs=<function returning {'loss': float, ...}>")
+    plain = StepLogger(None, 100, 10, 1e3)
+    for out, said in (((1.0, 2.0, 3.0), "a tuple of 3"), ([1.0], "a list of 1")):
+        with pytest.raises(ValueError) as e:
+            plain.read_outputs(out)
+        assert str(e.value) == (f"StepLogger: outputs='loss' but the network returned {said}; fix: "
+                                "outputs='loss_overflow_scale' for TrainOneStepWithLossScaleCell, or "
+                                "outputs=lambda out: {'loss': out[0]} to pick the loss yourself")
+    arr = np.array([3.0])
+    assert plain.read_outputs(arr)["loss"] is arr                       # passed through as it came
+    src = {"loss": 1.0, "lr": 0.1}
+    mine = StepLogger(None, 100, 10, 1e3, outputs=lambda out: src)
+    got = mine.read_outputs(None)
+    assert got == src and got is not src                                # a copy: the logger never edits yours
+    for bad in ({"lr": 0.1}, [("loss", 1.0)], None):
+        with pytest.raises(ValueError) as e:
+            StepLogger(None, 100, 10, 1e3, outputs=lambda out, b=bad: b).read_outputs(None)
+        assert str(e.value) == (f"StepLogger: outputs function returned {bad!r:.80}; fix: return a dict with 'loss' "
+                                "and optionally 'overflow', 'loss_scale', 'grad_norm', 'lr'")
