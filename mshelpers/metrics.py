@@ -265,13 +265,29 @@ def _peak_key(dtype: str) -> tuple[dict, str, str]:
     return info, device, f"{info['cpu_model']}|family {info['cpu_family']}|{info['threads']} threads|{device}|{dtype}"
 
 
+def _matmul_chain_plan(m: int, k: int, n: int) -> tuple[int, int]:
+    """(pairs, FLOPs per pair) of the timed chain: a pair is (m,k)@(k,n) then (m,n)@(n,k), 2*m*k*n FLOPs each;
+    as many pairs (1 to 8) as make about 20 GFLOP per call: long enough to time, short enough to repeat."""
+    flops_pair = 2 * 2 * m * k * n
+    return max(1, min(8, int(2e10 // flops_pair))), flops_pair
+
+
+def _matmul_chain_inputs(m: int, k: int, n: int, dtype: str) -> tuple:
+    """x (m,k), b (k,n), c (n,k) as `dtype` tensors, b and c scaled by 1/sqrt(fan-in) so the chain neither
+    overflows nor decays into denormals (which are slow on x86)."""
+    import mindspore as ms
+    import numpy as np
+    rng = np.random.default_rng(0)
+    dt = getattr(ms, dtype)
+    return (ms.Tensor(rng.standard_normal((m, k)), dt), ms.Tensor(rng.standard_normal((k, n)) / np.sqrt(k), dt),
+            ms.Tensor(rng.standard_normal((n, k)) / np.sqrt(n), dt))
+
+
 def _measure_matmul_chain(m: int, k: int, n: int, repeats: int, dtype: str) -> float:
     """FLOP/s of a compiled chain of (m,k)@(k,n) and (m,n)@(n,k) MatMuls (best of repeats)."""
     import mindspore as ms
-    import numpy as np
     from mindspore import ops
-    flops_pair = 2 * 2 * m * k * n
-    pairs = max(1, min(8, int(2e10 // flops_pair)))   # ~20 GFLOP per call: long enough to time, short enough
+    pairs, flops_pair = _matmul_chain_plan(m, k, n)
     matmul = ops.MatMul()                             # the primitive the compiled model's projections use
 
     @ms.jit
@@ -280,12 +296,7 @@ def _measure_matmul_chain(m: int, k: int, n: int, repeats: int, dtype: str) -> f
             x = matmul(matmul(x, b), c)
         return x
 
-    rng = np.random.default_rng(0)
-    dt = getattr(ms, dtype)
-    # scaled so the chain neither overflows nor decays into denormals (which are slow on x86)
-    x = ms.Tensor(rng.standard_normal((m, k)), dt)
-    b = ms.Tensor(rng.standard_normal((k, n)) / np.sqrt(k), dt)
-    c = ms.Tensor(rng.standard_normal((n, k)) / np.sqrt(n), dt)
+    x, b, c = _matmul_chain_inputs(m, k, n, dtype)
     chain(x, b, c).asnumpy()                          # compile and warm up
     best = math.inf
     for _ in range(repeats):

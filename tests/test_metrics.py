@@ -354,3 +354,34 @@ def test_peak_key_reads_the_device_from_mindspore_only_when_it_is_imported(monke
     assert metrics._peak_key("float32")[1] == "CPU"
     monkeypatch.delitem(sys.modules, "mindspore")
     assert metrics._peak_key("bfloat16")[1:] == ("CPU", "M|family 25|4 threads|CPU|bfloat16")
+
+
+def test_theoretical_peak_prints_the_clock_in_ghz_to_two_decimals(monkeypatch, capsys):
+    from mshelpers import metrics
+    monkeypatch.setattr(metrics, "cpu_info", lambda: {"threads": 1, "mhz": 2996.0, "flags": {"sse2"}, "cpu_model": "x"})
+    assert theoretical_peak_flops() == 2996e6 * 4 * 2 * 2            # 1 core x 2.996 GHz x 4 lanes x 2 x 2 units
+    assert capsys.readouterr().out.startswith("theoretical fp32 peak = 1 cores x 3.00 GHz x 16 FLOP/cycle "
+                                              "(SSE: 4 lanes x 2 for FMA x 2 FMA units) = 48 GFLOP/s\n")
+
+
+@pytest.mark.parametrize("shape, pairs", [((256, 256, 256), 8),      # 4 * 256^3 = 67.1 MFLOP a pair: capped at 8
+                                          ((1024, 512, 1000), 8),    # 2.097 GFLOP: 2e10 // that = 9, capped at 8
+                                          ((1024, 1024, 1024), 4),   # 4.295 GFLOP: 4 pairs
+                                          ((2048, 2048, 1024), 1),   # 17.2 GFLOP: 1
+                                          ((4096, 4096, 4096), 1)])  # 275 GFLOP: still 1, never 0
+def test_the_matmul_chain_plan_counts_two_matmuls_a_pair_at_about_20_gflop(shape, pairs):
+    from mshelpers.metrics import _matmul_chain_plan
+    m, k, n = shape
+    assert _matmul_chain_plan(m, k, n) == (pairs, 4 * m * k * n)
+
+
+def test_the_matmul_chain_inputs_are_scaled_by_fan_in_in_the_asked_dtype():
+    import mindspore as ms
+    import numpy as np
+    from mshelpers.metrics import _matmul_chain_inputs
+    x, b, c = _matmul_chain_inputs(64, 400, 100, "float16")
+    assert [t.shape for t in (x, b, c)] == [(64, 400), (400, 100), (100, 400)]
+    assert all(t.dtype == ms.float16 for t in (x, b, c))
+    stds = [float(np.std(t.asnumpy().astype(np.float64))) for t in (x, b, c)]
+    assert stds[0] == pytest.approx(1.0, rel=0.05)
+    assert stds[1] == pytest.approx(1 / 20, rel=0.05) and stds[2] == pytest.approx(1 / 10, rel=0.05)   # 1/sqrt(k), 1/sqrt(n)
