@@ -241,3 +241,15 @@ def test_batches_at_an_exact_fit_and_no_ragged_last_batch(tmp_path):
     # 7000 windows need two blocks of 6060: the corpus grows by whole blocks (issue 26), 12,120 windows
     assert make_dataset(cfg.replace(data="markov", vocab_size=1024, seq_len=32),
                         n_windows=7000).get_dataset_size() == 12120 // 4
+
+
+def test_data_id_of_a_file_counts_every_byte_past_the_first_mebibyte(tmp_path):
+    import hashlib
+    from mshelpers.config import RunConfig
+    from mshelpers.data import data_id
+    blob = bytes(range(256)) * 6144 + b"tail"                       # 1.5 MiB and 4 bytes: two reads of 1 MiB
+    path = tmp_path / "corpus.bin"
+    path.write_bytes(blob)
+    want = f"file of {len(blob)} bytes sha256 {hashlib.sha256(blob).hexdigest()[:16]}"
+    assert data_id(RunConfig.preset("tiny").replace(data=str(path))) == want == \
+        "file of 1572868 bytes sha256 " + hashlib.sha256(blob).hexdigest()[:16]

@@ -385,3 +385,31 @@ def test_the_matmul_chain_inputs_are_scaled_by_fan_in_in_the_asked_dtype():
     stds = [float(np.std(t.asnumpy().astype(np.float64))) for t in (x, b, c)]
     assert stds[0] == pytest.approx(1.0, rel=0.05)
     assert stds[1] == pytest.approx(1 / 20, rel=0.05) and stds[2] == pytest.approx(1 / 10, rel=0.05)   # 1/sqrt(k), 1/sqrt(n)
+
+
+def test_peak_flops_defaults_rounding_date_folders_and_file_layout(tmp_path, monkeypatch, capsys):
+    import json
+    from mshelpers import metrics
+    cache = tmp_path / "a" / "b" / "peak.json"           # two missing folders
+    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(cache))
+    monkeypatch.setattr(metrics, "cpu_info", lambda: {"cpu_model": "C", "cpu_family": "6", "threads": 1})
+    calls = []
+
+    def fake(m, k, n, repeats, dtype):
+        calls.append((repeats, dtype))
+        # a hair above x.xx5 and x.x5: rounding by 1e9 and by 1e9 + 1 would differ
+        return {(1, 1, 1): 12.345000005e9, (2, 2, 2): 12.350000005e9}[(m, k, n)]
+    monkeypatch.setattr(metrics, "_measure_matmul_chain", fake)
+    got = metrics.peak_flops(shapes=((1, 1, 1), (2, 2, 2)), verbose=True, dtype="bfloat16")
+    assert calls == [(5, "bfloat16"), (5, "bfloat16")]                  # 5 repeats by default; bfloat16 accepted
+    assert got == 12.35e9 and capsys.readouterr().out == ("  MatMul (1x1)@(1x1) compiled: 12.3 GFLOP/s\n"
+                                                           "  MatMul (2x2)@(2x2) compiled: 12.4 GFLOP/s\n")
+    text = cache.read_text()
+    stored = json.loads(text)
+    assert text == json.dumps(stored, indent=1)                         # the layout people read and diff
+    rec = stored["C|family 6|1 threads|CPU|bfloat16"]
+    assert [s["gflops"] for s in rec["shapes"]] == [12.35, 12.35] and rec["date"].endswith("+00:00")   # UTC
+    rec["flops"] = 0.5                                                  # tiny but positive: a figure, kept
+    cache.write_text(json.dumps(stored))
+    calls.clear()
+    assert metrics.peak_flops(dtype="bfloat16") == 0.5 and calls == []
