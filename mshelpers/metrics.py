@@ -465,9 +465,9 @@ class StepLogger:
         import sys
         if isinstance(tokens_per_step, bool) or not isinstance(tokens_per_step, numbers.Real) \
                 or not tokens_per_step > 0:
-            raise ValueError(f"StepLogger: tokens_per_step={tokens_per_step} is invalid; fix: pass batch*seq_len > 0")
+            raise ValueError(f"StepLogger: tokens_per_step={tokens_per_step!r} is invalid; fix: pass batch*seq_len > 0")
         if isinstance(n_devices, bool) or not isinstance(n_devices, numbers.Real) or not n_devices >= 1:
-            raise ValueError(f"StepLogger: n_devices={n_devices} is invalid; fix: pass >= 1")
+            raise ValueError(f"StepLogger: n_devices={n_devices!r} is invalid; fix: pass >= 1")
         tokens_per_step = _count("StepLogger", "tokens_per_step", tokens_per_step)
         n_devices = _count("StepLogger", "n_devices", n_devices)
         for name, v in (("flops_per_token", flops_per_token), ("peak_flops_per_device", peak_flops_per_device)):

@@ -413,3 +413,31 @@ def test_peak_flops_defaults_rounding_date_folders_and_file_layout(tmp_path, mon
     cache.write_text(json.dumps(stored))
     calls.clear()
     assert metrics.peak_flops(dtype="bfloat16") == 0.5 and calls == []
+
+
+@pytest.mark.parametrize("args, line", [
+    ((-1, 10, 1, 1e9), "mfu: tokens_per_s=-1 is invalid; fix: pass a number >= 0"),
+    ((float("nan"), 10, 1, 1e9), "mfu: tokens_per_s=nan is invalid; fix: pass a number >= 0"),
+    ((True, 10, 1, 1e9), "mfu: tokens_per_s=True is invalid; fix: pass a number >= 0"),
+    ((1, "x", 1, 1e9), "mfu: flops_per_token='x' is invalid; fix: pass a number >= 0"),
+    ((1, -2.0, 1, 1e9), "mfu: flops_per_token=-2.0 is invalid; fix: pass a number >= 0"),
+    ((1, 10, 1, -5), "mfu: peak_flops_per_device=-5 is invalid; fix: pass a number >= 0"),
+    ((1, 10, 1, 0), "mfu: peak_flops_per_device=0 is invalid; fix: measure it with peak_flops() or use the "
+                    "device's datasheet figure"),
+    ((1, 10, 0, 1e9), "mfu: n_devices=0 is invalid; fix: pass a positive integer"),
+    ((1, 10, 1.5, 1e9), "mfu: n_devices=1.5 is invalid; fix: pass a positive integer (a count has no fraction)"),
+])
+def test_every_mfu_refusal_is_its_exact_line(args, line):
+    with pytest.raises(ValueError) as e:
+        mfu(*args)
+    assert str(e.value) == line
+
+
+def test_mfu_warns_only_above_one_as_a_userwarning_at_the_callers_line():
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert mfu(100, 10, 1, 1000) == 1.0 and w == []               # exactly the peak: no warning
+        assert mfu(0, 10, 1, 1000) == 0.0 and w == []
+        assert mfu(110, 10, 1, 1000) == pytest.approx(1.1)
+    assert len(w) == 1 and w[0].category is UserWarning and w[0].filename == __file__
+    assert str(w[0].message).endswith("the peak is too low or the token rate is wrong")

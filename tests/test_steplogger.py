@@ -245,3 +245,65 @@ def test_read_outputs_results_and_refusals_exactly():
             StepLogger(None, 100, 10, 1e3, outputs=lambda out, b=bad: b).read_outputs(None)
         assert str(e.value) == (f"StepLogger: outputs function returned {bad!r:.80}; fix: return a dict with 'loss' "
                                 "and optionally 'overflow', 'loss_scale', 'grad_norm', 'lr'")
+
+
+@pytest.mark.parametrize("make, line", [
+    (lambda: StepLogger(None, 0, 10, 1e3), "StepLogger: tokens_per_step=0 is invalid; fix: pass batch*seq_len > 0"),
+    (lambda: StepLogger(None, True, 10, 1e3), "StepLogger: tokens_per_step=True is invalid; fix: pass batch*seq_len > 0"),
+    (lambda: StepLogger(None, "8", 10, 1e3), "StepLogger: tokens_per_step='8' is invalid; fix: pass batch*seq_len > 0"),
+    (lambda: StepLogger(None, 2.5, 10, 1e3),
+     "StepLogger: tokens_per_step=2.5 is invalid; fix: pass a positive integer (a count has no fraction)"),
+    (lambda: StepLogger(None, 10, 10, 1e3, n_devices=0), "StepLogger: n_devices=0 is invalid; fix: pass >= 1"),
+    (lambda: StepLogger(None, 10, 10, 1e3, n_devices="2"), "StepLogger: n_devices='2' is invalid; fix: pass >= 1"),
+    (lambda: StepLogger(None, 10, 10, 1e3, n_devices=1.5),
+     "StepLogger: n_devices=1.5 is invalid; fix: pass a positive integer (a count has no fraction)"),
+    (lambda: StepLogger(None, 10, 0.0, 1e3), "StepLogger: flops_per_token=0.0 is invalid; fix: pass a number > 0"),
+    (lambda: StepLogger(None, 10, True, 1e3), "StepLogger: flops_per_token=True is invalid; fix: pass a number > 0"),
+    (lambda: StepLogger(None, 10, 10, 0), "StepLogger: peak_flops_per_device=0 is invalid; fix: pass a number > 0"),
+    (lambda: StepLogger(None, 10, 10, "1e9"),
+     "StepLogger: peak_flops_per_device='1e9' is invalid; fix: pass a number > 0"),
+    (lambda: StepLogger(None, 10, 10, 1e3, outputs="guess"),
+     "StepLogger: outputs='guess' is invalid; fix: one of ('loss', 'loss_overflow_scale') or a function net_outputs "
+     "-> {'loss': ..., 'overflow': ..., 'loss_scale': ...}"),
+    (lambda: StepLogger(None, 10, 10, 1e3, lr_fn=3),
+     "StepLogger: lr_fn=3 is not callable; fix: pass a function step -> float"),
+    (lambda: StepLogger(None, 10, 10, 1e3, grad_norm_fn="x"),
+     "StepLogger: grad_norm_fn='x' is not callable; fix: pass a function step -> float"),
+    (lambda: StepLogger("unused.csv", 10, 10, 1e3, append=True, overwrite=True),
+     "StepLogger: append=True and overwrite=True contradict; fix: pick one"),
+])
+def test_every_steplogger_refusal_is_its_exact_line(make, line):
+    with pytest.raises(ValueError) as e:
+        make()
+    assert str(e.value) == line
+
+
+def test_a_small_positive_peak_and_flops_are_accepted_and_used():
+    log = StepLogger(None, 10, 0.5, 0.5)                         # above 0, below 1: valid, if odd
+    assert log.log_step(1, 1.0, 2.0, peak_mem_mb=1)["mfu"] == pytest.approx(10 / 2.0 * 0.5 / 0.5)
+
+
+@pytest.mark.parametrize("field", ["step_time_s", "lr", "grad_norm", "loss_scale"])
+def test_log_step_names_the_field_that_is_not_a_scalar(field):
+    import numpy as np
+    kw = {"step_time_s": 0.1}
+    kw[field] = np.ones(2)
+    st = kw.pop("step_time_s")
+    with pytest.raises(ValueError) as e:
+        StepLogger(None, 10, 10, 1e3).log_step(1, 1.0, st, peak_mem_mb=1, **kw)
+    assert str(e.value).startswith(f"StepLogger: {field}=array([1., 1.]) is not a scalar (shape (2,)); fix: ")
+
+
+def test_log_step_defaults_and_an_empty_csv_counts_as_new(tmp_path):
+    import math
+    (tmp_path / "new" / "deep").mkdir(parents=True)
+    (tmp_path / "new" / "deep" / "empty.csv").write_text("")
+    log = StepLogger(tmp_path / "new" / "deep" / "empty.csv", 10, 10, 1e3)   # empty: no append/overwrite needed
+    row = log.log_step(1, 2.0, 0.0, peak_mem_mb=1)
+    assert row["overflow"] is False and row["spike"] is False and row["loss_scale"] == 1.0
+    assert math.isnan(row["tokens_per_s"]) and math.isnan(row["lr"]) and math.isnan(row["grad_norm"])
+    text = (tmp_path / "new" / "deep" / "empty.csv").read_bytes()
+    assert text.count(b"\r\n") == 2 and b"\r\r" not in text       # header and one row, as the csv module ends them
+    nested = StepLogger(tmp_path / "a" / "b" / "c.csv", 10, 10, 1e3)   # missing folders are created
+    nested.log_step(1, 2.0, 0.1, peak_mem_mb=1)
+    assert (tmp_path / "a" / "b" / "c.csv").exists()
