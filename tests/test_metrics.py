@@ -441,3 +441,11 @@ def test_mfu_warns_only_above_one_as_a_userwarning_at_the_callers_line():
         assert mfu(110, 10, 1, 1000) == pytest.approx(1.1)
     assert len(w) == 1 and w[0].category is UserWarning and w[0].filename == __file__
     assert str(w[0].message).endswith("the peak is too low or the token rate is wrong")
+
+
+def test_summarize_counts_no_spike_for_rows_written_before_the_spike_column():
+    rows = [{"step": i, "loss": 5.0 - i, "step_time_s": 0.1, "tokens_per_s": 10.0, "mfu": 0.1, "peak_mem_mb": 1.0,
+             "overflow": False, "loss_scale": 1.0} for i in (1, 2, 3)]      # an older CSV: no "spike" column
+    assert summarize(rows)["spike_steps"] == 0
+    rows[1]["spike"] = True
+    assert summarize(rows)["spike_steps"] == 1

@@ -307,3 +307,26 @@ def test_log_step_defaults_and_an_empty_csv_counts_as_new(tmp_path):
     nested = StepLogger(tmp_path / "a" / "b" / "c.csv", 10, 10, 1e3)   # missing folders are created
     nested.log_step(1, 2.0, 0.1, peak_mem_mb=1)
     assert (tmp_path / "a" / "b" / "c.csv").exists()
+
+
+def test_peak_memory_mb_reads_vmhwm_then_falls_back_to_ru_maxrss(monkeypatch):
+    """In this process, with getrusage patched to a value VmHWM never has: which source answered is visible."""
+    import builtins
+    import resource
+    import types
+    monkeypatch.delitem(sys.modules, "mindspore", raising=False)           # no device figure to prefer
+    monkeypatch.setattr(resource, "getrusage", lambda who: types.SimpleNamespace(ru_maxrss=3 * 2**20)
+                        if who == resource.RUSAGE_SELF else None)
+    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+    assert metrics.peak_memory_mb() == pytest.approx(int(line.split()[1]) / 1024, abs=1.0)
+    assert metrics.peak_memory_mb() != pytest.approx(3 * 2**20 / 1024, abs=1.0)
+    real_open = builtins.open
+
+    def no_proc(path, *a, **k):
+        if str(path).startswith("/proc"):
+            raise OSError("no /proc here")
+        return real_open(path, *a, **k)
+    monkeypatch.setattr(builtins, "open", no_proc)
+    assert metrics.peak_memory_mb() == 3 * 2**20 / 1024                   # Linux: ru_maxrss is in KiB
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert metrics.peak_memory_mb() == 3.0                                # macOS: in bytes
