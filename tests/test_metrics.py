@@ -449,3 +449,22 @@ def test_summarize_counts_no_spike_for_rows_written_before_the_spike_column():
     assert summarize(rows)["spike_steps"] == 0
     rows[1]["spike"] = True
     assert summarize(rows)["spike_steps"] == 1
+
+
+def test_hardware_peak_at_a_measured_peak_equal_to_the_theory_and_an_odd_clock(monkeypatch, capsys):
+    from mshelpers import metrics
+    monkeypatch.setattr(metrics, "cpu_info", lambda: {"threads": 1, "mhz": 2000.0, "flags": set(), "cpu_model": "x"})
+    monkeypatch.setattr(metrics, "max_clock_mhz", lambda: (2996.0, "/proc/cpuinfo cpu MHz"))
+    theory = 2996e6 * 4 * 2 * 2
+    monkeypatch.setattr(metrics, "peak_flops_record", lambda dtype="float32": {"flops": theory})
+    assert metrics.hardware_peak_flops(verbose=True) == theory
+    out = capsys.readouterr().out
+    assert "1 cores x 3.00 GHz (/proc/cpuinfo cpu MHz)" in out and "turbo" not in out   # equal is not higher
+
+
+def test_max_clock_takes_a_cpufreq_of_one_khz_as_it_is(monkeypatch):
+    import io
+    from mshelpers import metrics
+    monkeypatch.setattr(metrics, "open", lambda p, *a, **k: io.StringIO("cpu MHz\t\t: 2300.000\n"), raising=False)
+    monkeypatch.setattr(metrics, "Path", _FakePath("1\n"))
+    assert metrics.max_clock_mhz() == (0.001, "cpufreq cpuinfo_max_freq")
