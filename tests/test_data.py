@@ -253,3 +253,27 @@ def test_data_id_of_a_file_counts_every_byte_past_the_first_mebibyte(tmp_path):
     want = f"file of {len(blob)} bytes sha256 {hashlib.sha256(blob).hexdigest()[:16]}"
     assert data_id(RunConfig.preset("tiny").replace(data=str(path))) == want == \
         "file of 1572868 bytes sha256 " + hashlib.sha256(blob).hexdigest()[:16]
+
+
+def test_windows_are_whole_blocks_each_shuffled_with_its_own_seed():
+    import numpy as np
+    from mshelpers.config import RunConfig
+    from mshelpers.data import BLOCK_TOKENS, corpus_tokens, windows
+    cfg = RunConfig.preset("tiny").replace(seq_len=1023, batch_size=4, steps=60, seed=7)    # 240 windows
+    L, per = 1024, BLOCK_TOKENS // 1024                          # 195 windows a block: 2 blocks
+    w = windows(cfg)
+    rows = corpus_tokens(cfg.vocab_size, 2 * per * L)[: 2 * per * L].reshape(2 * per, L)
+    order = np.concatenate([np.random.default_rng(7).permutation(per),          # block 0: the seed
+                            np.random.default_rng([7, 1]).permutation(per) + per])   # block 1: (seed, 1)
+    assert w.shape == (2 * per, L) and np.array_equal(w, rows[order])
+
+
+def test_windows_of_one_per_block_work_and_longer_than_a_block_is_one_line():
+    from mshelpers.config import RunConfig
+    from mshelpers.data import windows
+    one = RunConfig.preset("tiny").replace(seq_len=150_000)      # 150,001 tokens: one window per block
+    assert windows(one, n_windows=1).shape == (1, 150_001)
+    with pytest.raises(ValueError) as e:
+        windows(RunConfig.preset("tiny").replace(seq_len=200_000), n_windows=1)
+    assert str(e.value) == ("RunConfig.seq_len=200000 is longer than a corpus block of 200000 tokens; "
+                            "fix: use a shorter seq_len")
