@@ -81,8 +81,9 @@ def _child(conn, env, payload) -> None:  # runs in the fresh process
 
 
 def _forkserver(preload: tuple[str, ...]):
-    """The forkserver context, its server importing `preload` once. The server starts at the first
-    process it forks, with the preload list set then; a later list is imported by each child instead."""
+    """The forkserver context, its server importing `preload` once. A process has one server, started at
+    its first fork with the list set then: a later, different list is not preloaded (a child still imports
+    whatever its `fn` needs, only not for free)."""
     ctx = mp.get_context("forkserver")
     global _PRELOADED
     if _PRELOADED is None:
@@ -119,7 +120,7 @@ def run_isolated(fn: Callable, *args: Any, timeout: float = 900, env: dict | Non
         names = forkserver_preload
         if not isinstance(names, (list, tuple)) or not all(isinstance(m, str) and m for m in names):
             raise ValueError(f"run_isolated: forkserver_preload={forkserver_preload!r} is invalid; fix: a list of "
-                             "module names, e.g. ['mindspore', 'mindformers']")
+                             "module names, e.g. ['mshelpers', 'mindspore', 'mindformers']")
         if env:
             raise ValueError(f"run_isolated: forkserver_preload={list(forkserver_preload)!r} with env={sorted(env)!r}: "
                              "the server imported MindSpore before the child could set them; fix: pass env without "

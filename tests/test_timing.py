@@ -78,7 +78,7 @@ def test_forkserver_runs_keep_their_own_peak_and_errors():
 @pytest.mark.parametrize("bad", ["mindspore", [""], [1], None.__class__])
 def test_a_bad_forkserver_preload_is_one_line(bad):
     with pytest.raises(ValueError, match=r"^run_isolated: forkserver_preload=.* is invalid; fix: a list of module "
-                                         r"names, e.g. \['mindspore', 'mindformers'\]$"):
+                                         r"names, e.g. \['mshelpers', 'mindspore', 'mindformers'\]$"):
         run_isolated(allocate_mb, 1, forkserver_preload=bad)
 
 
