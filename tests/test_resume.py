@@ -547,6 +547,10 @@ def test_sigterm_at_a_random_moment_saves_and_resume_loses_no_completed_step(tmp
     rng = random.Random()
     csv = tmp_path / "metrics.csv"
     for attempt in range(4):
+        # a finished attempt's metrics.csv would read as "training" before the next process has even
+        # installed its handler (then the signal kills it at once: -15), so each attempt starts clean
+        shutil.rmtree(tmp_path, ignore_errors=True)
+        tmp_path.mkdir()
         proc = subprocess.Popen([sys.executable, "-m", "mshelpers.train", *BASE, "--out", str(tmp_path),
                                  "--steps", "8", "--overwrite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
