@@ -765,13 +765,18 @@ def _move_aside(out: Path, what: list[Path]) -> Path:
     return dest
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, cli_process: bool | None = None) -> int:
     """CLI: python -m mshelpers.train --preset mini --steps 50 --out DIR [--ckpt-every K] [--resume].
 
     Every expected failure (bad input, a busy or unwritable folder, a full disk, a stopped run) ends in
     one line `error: ...` and a non-zero exit; --debug shows the traceback instead, and MindSpore's own log.
     SIGTERM or SIGINT (a scheduler's preemption, Ctrl-C) saves a checkpoint of the last completed step,
     prints one line saying where, and exits 143 or 130.
+
+    `cli_process` (default: this is `python -m mshelpers.train`, i.e. no argv and MindSpore not yet imported)
+    makes this process the CLI's own: its signal handling and MindSpore's quiet log. A caller that imports
+    MindSpore and then forks one process per run (a fork server, to skip the imports) passes True in the
+    child, which has no other thread yet; called from a program that keeps running, leave it False.
     """
     import argparse
 
@@ -801,7 +806,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--debug", action="store_true", help="show tracebacks and MindSpore's own log")
     a = ap.parse_args(argv)
     stop = None
-    if argv is None and "mindspore" not in sys.modules:   # the CLI process itself, before MindSpore's threads
+    if cli_process is None:
+        cli_process = argv is None and "mindspore" not in sys.modules
+    if cli_process:                    # the CLI process itself, before MindSpore's threads
         if not a.debug:  # MindSpore's C++ and Python log: only CRITICAL, so a failure prints the CLI's one line
             os.environ.setdefault("GLOG_v", "4")
             os.environ.setdefault("GLOG_logtostderr", "1")

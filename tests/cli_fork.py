@@ -1,0 +1,62 @@
+"""Run `python -m mshelpers.train ARGS` as a child forked from a server that has imported MindSpore once.
+
+`run(argv, cwd=None, timeout=300)` returns a `subprocess.CompletedProcess` like `subprocess.run(...,
+capture_output=True, text=True)` of the real command: the child runs the CLI's own `main` as its process
+(`cli_process=True`), so exit codes, stderr lines and files on disk are the CLI's. What it skips is the start:
+the imports (about 4.5 s a run) and the order in which a real process installs its signal handling before
+MindSpore starts threads. The tests that send signals or kill a run therefore start real `python -m` processes.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_SERVER: subprocess.Popen | None = None
+_LOG = None
+
+
+def _server() -> subprocess.Popen:
+    global _SERVER, _LOG
+    if _SERVER is None or _SERVER.poll() is not None:
+        _LOG = tempfile.NamedTemporaryFile("w+", prefix="cli-server-", suffix=".log", delete=False)
+        _SERVER = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_cli_server.py"))],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=_LOG, text=True,
+                                   bufsize=1)
+        atexit.register(_SERVER.kill)
+        _read(_SERVER, 120)                         # {"ready": pid}: the imports are done
+    return _SERVER
+
+
+def _read(server: subprocess.Popen, timeout: float) -> dict:
+    ready, _, _ = select.select([server.stdout], [], [], timeout)
+    line = server.stdout.readline() if ready else ""
+    if not line:
+        _LOG.flush()
+        raise RuntimeError(f"the CLI fork server gave no reply within {timeout} s; its log:\n"
+                           f"{Path(_LOG.name).read_text()[-3000:]}")
+    return json.loads(line)
+
+
+def run(argv: list[str], cwd: str | os.PathLike | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    server = _server()
+    with tempfile.TemporaryDirectory(prefix="cli-") as d:
+        out, err = Path(d) / "stdout", Path(d) / "stderr"
+        server.stdin.write(json.dumps({"argv": [str(a) for a in argv], "cwd": str(cwd or os.getcwd()),
+                                       "stdout": str(out), "stderr": str(err)}) + "\n")
+        server.stdin.flush()
+        pid = _read(server, 60)["pid"]
+        try:
+            rc = _read(server, timeout)["rc"]
+        except RuntimeError:                        # a hung run: kill it, take its reply, say so
+            os.kill(pid, signal.SIGKILL)
+            _read(server, 60)
+            raise subprocess.TimeoutExpired(["mshelpers.train", *argv], timeout) from None
+        return subprocess.CompletedProcess([sys.executable, "-m", "mshelpers.train", *argv], rc,
+                                           out.read_text(), err.read_text())
