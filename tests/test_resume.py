@@ -77,6 +77,23 @@ def straight(tmp_path_factory):
     return losses(out)
 
 
+def test_a_forked_cli_run_is_the_real_cli_run(tmp_path):
+    """The harness itself: the same command as a real `python -m mshelpers.train` process and forked from the
+    server gives the same metrics, stdout and exit code, and a refusal the same one line."""
+    args = ["--steps", "3", "--ckpt-every", "3"]
+    real = subprocess.run([sys.executable, "-m", "mshelpers.train", *BASE, "--out", str(tmp_path / "real"), *args],
+                          capture_output=True, text=True, timeout=300)
+    forked = cli(tmp_path / "forked", *args)
+    assert real.returncode == forked.returncode == 0, real.stderr
+    assert losses(tmp_path / "real") == losses(tmp_path / "forked")
+    assert real.stdout.replace("real", "X").split(" median step")[0] == forked.stdout.replace("forked", "X").split(" median step")[0]
+    bad = ["--steps", "0"]
+    real = subprocess.run([sys.executable, "-m", "mshelpers.train", *BASE, "--out", str(tmp_path / "r2"), *bad],
+                          capture_output=True, text=True, timeout=300)
+    forked = cli(tmp_path / "f2", *bad, check=False)
+    assert (real.returncode, real.stderr) == (forked.returncode, forked.stderr) and real.returncode == 1, real.stderr
+
+
 # ------------------------------------------------------------------------------------------ exact resume
 def test_resume_is_bitwise_identical_and_says_where_it_continued(tmp_path, straight):
     cli(tmp_path, "--steps", "4", "--ckpt-every", "2")
