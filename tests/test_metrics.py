@@ -468,3 +468,12 @@ def test_max_clock_takes_a_cpufreq_of_one_khz_as_it_is(monkeypatch):
     monkeypatch.setattr(metrics, "open", lambda p, *a, **k: io.StringIO("cpu MHz\t\t: 2300.000\n"), raising=False)
     monkeypatch.setattr(metrics, "Path", _FakePath("1\n"))
     assert metrics.max_clock_mhz() == (0.001, "cpufreq cpuinfo_max_freq")
+
+
+def test_the_matmul_chain_measures_flop_per_second_not_flop_seconds():
+    """A real compiled chain of small MatMuls on this CPU: FLOPs over the best time lands between 0.1 GFLOP/s
+    (far below any CPU that runs MindSpore) and 10 TFLOP/s (far above a laptop's peak); FLOPs times the
+    time, or the time over FLOPs, lands nowhere near."""
+    from mshelpers.metrics import _measure_matmul_chain
+    flops = _measure_matmul_chain(128, 128, 128, 3, "float32")
+    assert 1e8 < flops < 1e13, flops

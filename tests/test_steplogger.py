@@ -330,3 +330,55 @@ def test_peak_memory_mb_reads_vmhwm_then_falls_back_to_ru_maxrss(monkeypatch):
     assert metrics.peak_memory_mb() == 3 * 2**20 / 1024                   # Linux: ru_maxrss is in KiB
     monkeypatch.setattr(sys, "platform", "darwin")
     assert metrics.peak_memory_mb() == 3.0                                # macOS: in bytes
+
+
+# ------------------------------------------------------------------------------------------ mutation survivors
+class _OnlyAsnumpy:
+    """A value with `.asnumpy()` and nothing else (no size, no reshape): only the asnumpy branch reads it."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def asnumpy(self):
+        import numpy as np
+        return np.asarray(self.v)
+
+
+def test_a_value_that_only_has_asnumpy_is_read_through_it():
+    row = StepLogger(None, 100, 10, 1e3).log_step(1, _OnlyAsnumpy(3.5), 0.5, grad_norm=_OnlyAsnumpy([0.25]))
+    assert (row["loss"], row["grad_norm"]) == (3.5, 0.25)
+
+
+def test_a_one_element_array_of_any_rank_is_read_without_numpy_deprecation_warnings():
+    import warnings
+    import numpy as np
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # float() of an ndim > 0 array is deprecated since NumPy 1.25
+        row = StepLogger(None, 100, 10, 1e3).log_step(1, np.array([[2.5]]), 0.5, loss_scale=np.array([[[8.0]]]))
+    assert (row["loss"], row["loss_scale"]) == (2.5, 8.0)
+
+
+def test_spike_true_is_logged_and_written(tmp_path):
+    log = StepLogger(tmp_path / "s.csv", 100, 10, 1e3)
+    assert log.log_step(1, 2.0, 0.5, spike=True)["spike"] is True
+    assert log.log_step(2, 2.0, 0.5)["spike"] is False
+    assert [r["spike"] for r in read_csv(tmp_path / "s.csv")] == [True, False]
+
+
+def test_peak_memory_mb_divides_vmhwm_kib_by_1024_exactly(monkeypatch):
+    import builtins
+    import io
+    monkeypatch.delitem(sys.modules, "mindspore", raising=False)           # no device figure to prefer
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: io.StringIO("VmPeak:\t 9999 kB\nVmHWM:\t 2097152 kB\n")
+                        if str(path) == "/proc/self/status" else real_open(path, *a, **k))
+    assert metrics.peak_memory_mb() == 2048.0                              # 2,097,152 KiB / 1024
+
+
+def test_a_callback_made_from_a_users_subclass_keeps_the_users_module():
+    class MyLogger(StepLogger):
+        pass
+    cb = MyLogger(None, 100, 10, 1e3).as_callback()
+    from mindspore.train import Callback
+    assert isinstance(cb, Callback) and isinstance(cb, MyLogger)
+    assert type(cb).__module__ == __name__ and type(cb).__name__ == "MyLogger"
