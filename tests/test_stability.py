@@ -1,8 +1,6 @@
 """The stability layer: a spike detector that flags exactly the planted spikes, and a training guard that
 rolls back, skips the batch and continues, on real CLI runs over a poisoned and a clean byte-level corpus."""
 import random
-import subprocess
-import sys
 
 import pytest
 
@@ -231,9 +229,11 @@ def corpora(tmp_path_factory):
 
 
 def cli(out, data, *args):
-    cmd = [sys.executable, "-m", "mshelpers.train", "--preset", "tiny", "--set", "mode=graph", "--set", f"data={data}",
+    """`python -m mshelpers.train ...`, forked from a server that imported MindSpore once (tests/cli_fork.py)."""
+    import cli_fork
+    cmd = ["--preset", "tiny", "--set", "mode=graph", "--set", f"data={data}",
            "--set", "spike_guard=true", "--quiet", "--out", str(out), *args]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    p = cli_fork.run(cmd, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     return p.stdout + p.stderr
 
