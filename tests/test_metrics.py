@@ -4,6 +4,7 @@ import warnings
 
 import pytest
 
+from mshelpers import metrics
 from mshelpers.metrics import (DATASHEET_PEAK_FLOPS, StepLogger, flops_per_token, mfu, peak_flops,
                                peak_flops_record, summarize, theoretical_peak_flops)
 from mshelpers.table import append_csv, html_table, markdown_table, read_csv
@@ -477,3 +478,74 @@ def test_the_matmul_chain_measures_flop_per_second_not_flop_seconds():
     from mshelpers.metrics import _measure_matmul_chain
     flops = _measure_matmul_chain(128, 128, 128, 3, "float32")
     assert 1e8 < flops < 1e13, flops
+
+
+def test_the_peak_cache_path_env_then_repo_then_copied_alone_then_cwd(monkeypatch, tmp_path):
+    from mshelpers.metrics import _peak_cache_path
+    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(tmp_path / "mine.json"))
+    monkeypatch.setenv("MSHELPERS_BUILD", str(tmp_path / "b"))
+    assert _peak_cache_path() == tmp_path / "mine.json"
+    monkeypatch.delenv("MSHELPERS_PEAK_CACHE")
+    assert _peak_cache_path() == tmp_path / "b" / "peak_flops.json"
+    monkeypatch.delenv("MSHELPERS_BUILD")
+    repo, alone, elsewhere = tmp_path / "repo", tmp_path / "alone", tmp_path / "cwd"
+    for d in (repo / "mshelpers", alone, elsewhere):
+        d.mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("")
+    (alone / "pyproject.toml").write_text("")
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(metrics, "__file__", str(repo / "mshelpers" / "metrics.py"))     # inside the cookbook
+    assert _peak_cache_path() == repo / "build" / "peak_flops.json"
+    monkeypatch.setattr(metrics, "__file__", str(alone / "metrics.py"))                  # copied into a project
+    assert _peak_cache_path() == alone / "build" / "peak_flops.json"
+    (alone / "pyproject.toml").unlink()
+    assert _peak_cache_path() == elsewhere / "build" / "peak_flops.json"                  # nothing: ./build
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model name\t: Intel(R) Xeon(R): Gold 6000 @ 2.30GHz
+cpu MHz\t\t: 2300.000
+flags\t\t: fpu sse avx2 avx512f
+
+processor\t: 1
+cpu family\t: 7
+model name\t: Other
+cpu MHz\t\t: 1200.000
+flags\t\t: fpu
+"""
+
+
+def test_cpu_info_takes_the_first_processors_fields_from_cpuinfo(monkeypatch):
+    import builtins
+    import io
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: io.StringIO(CPUINFO)
+                        if str(path) == "/proc/cpuinfo" else real_open(path, *a, **k))
+    assert metrics.cpu_info() == {"cpu_model": "Intel(R) Xeon(R): Gold 6000 @ 2.30GHz", "cpu_family": "6",
+                                  "threads": metrics._threads(), "flags": {"fpu", "sse", "avx2", "avx512f"},
+                                  "mhz": 2300.0}
+
+
+def test_without_proc_the_platform_answers(monkeypatch):
+    import builtins
+    import platform
+    real_open = builtins.open
+
+    def no_proc(path, *a, **k):
+        if str(path).startswith("/proc"):
+            raise OSError("no /proc here")
+        return real_open(path, *a, **k)
+    monkeypatch.setattr(builtins, "open", no_proc)
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    monkeypatch.setattr(platform, "machine", lambda: "arm64")
+    assert metrics.cpu_info() == {"cpu_model": "arm64", "cpu_family": None, "threads": metrics._threads(),
+                                  "flags": set(), "mhz": None}
+    monkeypatch.setattr(platform, "machine", lambda: "")
+    assert metrics.platform_processor() == "unknown"
+    monkeypatch.delattr(os, "sched_getaffinity")                   # macOS has no affinity call
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert metrics._threads() == 8
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert metrics._threads() == 1

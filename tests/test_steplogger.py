@@ -382,3 +382,24 @@ def test_a_callback_made_from_a_users_subclass_keeps_the_users_module():
     from mindspore.train import Callback
     assert isinstance(cb, Callback) and isinstance(cb, MyLogger)
     assert type(cb).__module__ == __name__ and type(cb).__name__ == "MyLogger"
+
+
+def test_one_token_per_step_is_valid_and_without_mindspore_nothing_becomes_a_callback(monkeypatch):
+    def no_callback(cls):
+        raise AssertionError("StepLogger made itself a Callback although MindSpore was never imported")
+    monkeypatch.delitem(sys.modules, "mindspore", raising=False)
+    monkeypatch.setattr(metrics, "_as_callback_class", no_callback)
+    log = StepLogger(None, tokens_per_step=1, flops_per_token=1, peak_flops_per_device=1)
+    assert type(log) is StepLogger and log.tokens_per_step == 1
+
+
+def test_an_existing_csv_of_one_byte_is_refused_and_both_refusals_name_the_file(tmp_path):
+    one = tmp_path / "one.csv"
+    one.write_text("x")
+    with pytest.raises(ValueError) as e:
+        StepLogger(one, 100, 10, 1e3)
+    assert str(e.value).startswith(f"StepLogger: csv_path={str(one)!r} already exists and is not empty; fix: ")
+    assert one.read_text() == "x"                                       # refused, untouched
+    with pytest.raises(ValueError) as e:
+        StepLogger(one, 100, 10, 1e3, append=True)
+    assert str(e.value).startswith(f"StepLogger: csv_path={str(one)!r} has columns ['x'], not ")
