@@ -488,3 +488,55 @@ def test_measure_collectives_documented_defaults(monkeypatch):
 
 def test_a_sub_unit_peak_is_still_a_peak():
     assert Hardware.from_measurement(_fit(), peak_flops_per_device=0.5).peak_flops_per_device == 0.5
+
+
+class _RecordedLaunch:
+    """What measure_collectives asked msrun for, and the ranks' results it is handed back (the real launch is
+    test_two_rank_measurement_gives_a_time_or_a_reason_for_every_op; this checks the wiring around it)."""
+
+    def __init__(self, results):
+        self.calls, self._results, self.log_dir = [], results, "/logs/of/this/launch"
+
+    def __call__(self, script, workers, log_dir=None, timeout=None, args=None):
+        self.calls.append(dict(script=script, workers=workers, log_dir=log_dir, timeout=timeout, args=args))
+        return self
+
+    def results(self):
+        return self._results
+
+
+def _rank_rows(median):
+    return {"rows": [{"op": "all_reduce", "bytes": 4096, "api": "ops.AllReduce", "median_s": median,
+                      "times_s": [median, 2 * median]}]}
+
+
+def test_measure_collectives_launches_the_bench_worker_with_its_defaults(monkeypatch):
+    import os
+    from mshelpers import launch
+    from mshelpers.workers import script_path
+    rec = _RecordedLaunch([_rank_rows(0.001), _rank_rows(0.003)])
+    monkeypatch.setattr(launch, "msrun", rec)
+    rows = parallel.measure_collectives()
+    assert rec.calls == [dict(script=script_path("collectives_bench"), workers=2, log_dir=None, timeout=300, args=[
+        "--sizes", "4096,16384,65536,262144,1048576,4194304,16777216",
+        "--ops", "all_reduce,all_gather,reduce_scatter,broadcast", "--repeats", "7", "--warmup", "2",
+        "--max-seconds-per-size", "4.0", "--threads", str(max(1, (os.cpu_count() or 1) // 2))])]
+    assert rows == [{"op": "all_reduce", "bytes": 4096, "seconds": 0.003, "ranks": 2, "api": "ops.AllReduce",
+                     "repeats": 2, "rank_medians_s": [0.001, 0.003], "min_s": 0.001, "max_s": 0.006}]
+
+
+def test_measure_collectives_passes_every_setting_and_refuses_a_rank_without_results(monkeypatch, tmp_path):
+    from mshelpers import launch
+    rec = _RecordedLaunch([_rank_rows(0.001), _rank_rows(0.002), _rank_rows(0.004)])
+    monkeypatch.setattr(launch, "msrun", rec)
+    rows = parallel.measure_collectives(3, sizes=[96.0], ops="broadcast", repeats=4.0, warmup=1,
+                                        max_seconds_per_size=0.5, threads=1, timeout=12, log_dir=tmp_path)
+    (call,) = rec.calls
+    assert (call["workers"], call["log_dir"], call["timeout"]) == (3, tmp_path, 12)
+    assert call["args"] == ["--sizes", "96", "--ops", "broadcast", "--repeats", "4", "--warmup", "1",
+                            "--max-seconds-per-size", "0.5", "--threads", "1"]
+    assert rows[0]["seconds"] == 0.004 and rows[0]["ranks"] == 3
+    rec._results = [_rank_rows(0.001), None]                        # rank 1 died before writing
+    with pytest.raises(RuntimeError) as e:
+        parallel.measure_collectives(2, sizes=[4096], ops=["all_reduce"])
+    assert str(e.value) == "measure_collectives: 1 of 2 ranks wrote results; see the logs in /logs/of/this/launch"
