@@ -1,0 +1,232 @@
+"""mshelpers.parallel's small contracts, each exactly: every count refused by one line naming the function and
+the argument, each fix a layout refusal proposes, the defaults, and communication_bytes' parts worked by hand.
+(Written for the mutation run's survivors: `tests/README.md`, "Scores".)
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace as _NS
+
+import pytest
+
+from mshelpers import parallel
+from mshelpers.config import RunConfig
+from mshelpers.memory import llama_param_count
+
+MINI = RunConfig.preset("mini")
+L7 = RunConfig.preset("llama2-7b")
+
+
+def _line(fn, name, v):
+    tail = " (a count has no fraction)" if isinstance(v, float) and math.isfinite(v) else ""
+    return f"{fn}: {name}={v!r} is invalid; fix: pass a positive integer{tail}"
+
+
+# (function, its positional arguments that are valid, the argument names in order): each one in turn is made bad
+COUNTS = [
+    ("pipeline_bubble_fraction", (4, 8, 2), ("pp", "micro_batches", "virtual_stages")),
+    ("ring_allreduce_bytes", (1000, 2), (None, "group_size")),
+    ("ring_allgather_bytes", (1000, 2), (None, "group_size")),
+    ("tp_allreduce_buffer_bytes", (2, 16, 8, 4), ("micro_batch", "seq_len", "hidden_size", "bytes_per_value")),
+    ("tp_allreduces_per_micro_batch", (4,), ("layers",)),
+    ("pipeline_in_flight", (4, 8, "interleaved", 2), ("pp", "micro_batches", None, "virtual_stages")),
+]
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "3", float("nan")], ids=repr)
+@pytest.mark.parametrize("fn,args,names", COUNTS, ids=[c[0] for c in COUNTS])
+def test_every_count_is_refused_by_one_line_naming_the_function_and_the_argument(fn, args, names, bad):
+    for i, name in enumerate(names):
+        if name is None:
+            continue
+        got = list(args)
+        got[i] = bad
+        with pytest.raises(ValueError) as e:
+            getattr(parallel, fn)(*got)
+        assert str(e.value) == _line(fn, name, bad)
+
+
+@pytest.mark.parametrize("i,name", list(enumerate(["dp", "mp", "pp", "micro_batches"])))
+def test_validate_layout_names_each_bad_count(i, name):
+    args = [2, 2, 2, 2]
+    args[i] = 0
+    with pytest.raises(ValueError) as e:
+        parallel.validate_layout(L7, *args, n_devices=8, global_batch=64)
+    assert str(e.value) == _line("validate_layout", name, 0)
+    for kw in ("n_devices", "global_batch"):
+        with pytest.raises(ValueError) as e:
+            parallel.validate_layout(L7, 1, 1, 1, 1, **{"n_devices": 1, "global_batch": 1, kw: 2.5})
+        assert str(e.value) == _line("validate_layout", kw, 2.5)
+
+
+def test_counts_accept_integral_floats_and_numpy_integers():
+    np = pytest.importorskip("numpy")
+    assert parallel.ring_allreduce_bytes(1000, 4.0) == 1500
+    assert parallel.ring_allreduce_bytes(1000, np.int64(4)) == 1500
+    assert parallel.pipeline_bubble_fraction(np.int32(4), 8.0) == 3 / 11
+
+
+def test_the_defaults():
+    # micro_batches=1: a global batch of 1 on one device is valid; with 2 it would not divide
+    assert parallel.validate_layout(MINI, 1, 1, 1, n_devices=1, global_batch=1) is None
+    one = parallel.communication_bytes(MINI, 1, 1, 1, global_batch=1)
+    assert one["tp_buffer_bytes"] == 1 * MINI.seq_len * MINI.hidden_size * 4
+    assert parallel.pipeline_bubble_fraction(4, 8) == 3 / 11                      # virtual_stages=1
+    assert parallel.tp_allreduces_per_micro_batch(3) == 14                        # recompute none, embedding on
+    assert parallel.tp_allreduces_per_micro_batch(3, embedding=False) == 12
+    assert parallel.tp_allreduces_per_micro_batch(3, recompute="full", embedding=False) == 18
+    assert parallel.tp_allreduce_buffer_bytes(2, 3, 5) == 60                      # 2 bytes a value
+    assert parallel.pipeline_in_flight(4, 8) == [4, 3, 2, 1]                      # 1f1b
+    # zero_stage=0: no parameter all-gather on top of the gradient all-reduce
+    z0 = parallel.communication_bytes(MINI, 2, 1, 1, global_batch=8)
+    assert z0["dp"] == parallel.ring_allreduce_bytes(llama_param_count(MINI) * 4, 2)
+
+
+def test_validate_layout_proposes_a_dp_that_fits_or_a_divisor_rule():
+    with pytest.raises(ValueError) as e:
+        parallel.validate_layout(L7, 3, 2, 2, 4, n_devices=8, global_batch=64)
+    assert str(e.value) == ("validate_layout: dp*mp*pp = 3*2*2 = 12 does not equal n_devices=8; "
+                            "fix: dp=2 makes dp*mp*pp = 8")
+    with pytest.raises(ValueError) as e:
+        parallel.validate_layout(L7, 1, 3, 1, 1, n_devices=8, global_batch=64)
+    assert str(e.value) == ("validate_layout: dp*mp*pp = 1*3*1 = 3 does not equal n_devices=8; "
+                            "fix: choose mp*pp dividing 8 and dp = 8/(mp*pp)")
+
+
+def test_validate_layout_ffn_refusal_lists_the_mp_that_split_both():
+    cfg = _NS(num_heads=8, ffn_hidden_size=12, num_layers=4)     # 12's divisors that also divide 8: 1, 2, 4
+    with pytest.raises(ValueError) as e:
+        parallel.validate_layout(cfg, 1, 8, 1, 1, n_devices=8, global_batch=8)
+    assert str(e.value) == ("validate_layout: mp=8 does not divide ffn_hidden_size=12 (MLP columns are split "
+                            "evenly); fix: use mp in [1, 2, 4]")
+
+
+def test_validate_layout_batch_refusal_lists_micro_batches_or_asks_for_another_batch():
+    # 12 / 2 = 6 sequences per dp rank: 4 micro-batches do not split them, the divisors of 6 do
+    with pytest.raises(ValueError) as e:
+        parallel.validate_layout(L7, 2, 1, 1, 4, n_devices=2, global_batch=12)
+    assert str(e.value) == ("validate_layout: dp*micro_batches = 2*4 = 8 does not divide global_batch=12 "
+                            "(every micro-batch needs whole sequences); fix: use micro_batches in [1, 2, 3, 6]")
+    with pytest.raises(ValueError) as e:
+        parallel.validate_layout(L7, 4, 1, 1, 1, n_devices=4, global_batch=6)
+    assert str(e.value) == ("validate_layout: dp*micro_batches = 4*1 = 4 does not divide global_batch=6 "
+                            "(every micro-batch needs whole sequences); fix: use a global_batch that is a "
+                            "multiple of dp*micro_batches = 4")
+
+
+def test_validate_layout_pipeline_rule_applies_only_with_stages():
+    assert parallel.validate_layout(L7, 1, 1, 1, 1, n_devices=1, global_batch=1) is None
+    assert parallel.validate_layout(L7, 1, 1, 2, 2, n_devices=2, global_batch=2) is None
+    with pytest.raises(ValueError) as e:
+        parallel.validate_layout(L7, 1, 1, 2, 1, n_devices=2, global_batch=2)
+    assert str(e.value).startswith("validate_layout: micro_batches=1 < pp=2; ")
+
+
+@pytest.mark.parametrize("v", [None, 0, -1, True, 2.0, "4"], ids=repr)
+def test_a_config_field_that_is_not_a_positive_integer_is_refused(v):
+    cfg = _NS(num_heads=v, ffn_hidden_size=64, num_layers=2)
+    with pytest.raises(ValueError) as e:
+        parallel.validate_layout(cfg, 1, 1, 1, 1, n_devices=1, global_batch=1)
+    assert str(e.value) == (f"cfg.num_heads={v!r} is invalid; fix: pass a RunConfig (RunConfig.preset(...)) "
+                            "with a positive integer there")
+
+
+def test_a_config_field_of_one_or_a_numpy_integer_is_accepted():
+    np = pytest.importorskip("numpy")
+    cfg = _NS(num_heads=1, ffn_hidden_size=np.int64(64), num_layers=1)
+    assert parallel.validate_layout(cfg, 1, 1, 1, 1, n_devices=1, global_batch=1) is None
+    assert parallel._divisors(6) == [1, 2, 3, 6] and parallel._divisors(1) == [1]
+
+
+def test_a_schedule_refusal_says_what_to_pass():
+    with pytest.raises(ValueError) as e:
+        parallel.pipeline_in_flight(4, 8, "1f1b", 2)
+    assert str(e.value) == ("pipeline_in_flight: virtual_stages=2 needs schedule='interleaved'; fix: pass "
+                            "schedule='interleaved' or virtual_stages=1")
+
+
+def test_pipeline_activation_bytes_passes_the_interleaved_order_on():
+    assert parallel.pipeline_activation_bytes(100, 4, 8, "interleaved", 2, interleaved_order="memory") == 400
+    assert parallel.pipeline_activation_bytes(100, 4, 8, "interleaved", 2) == 550
+
+
+def test_check_shards_exactly():
+    assert parallel.check_shards([[0, 2], [1, 3]]) == {
+        "ranks": 2, "reads": 4, "unique": 4, "pairwise_overlap": 0, "disjoint": True, "duplicate_share": 0.0,
+        "union_is_full": None, "ok": True}
+    assert parallel.check_shards([[0, 1]], range(3)) == {
+        "ranks": 1, "reads": 2, "unique": 2, "pairwise_overlap": 0, "disjoint": True, "duplicate_share": 0.0,
+        "full": 3, "missing": 1, "extra": 0, "union_is_full": False, "ok": False}
+    got = parallel.check_shards([[0, 9], [1]], range(2))
+    assert (got["extra"], got["missing"], got["union_is_full"], got["ok"]) == (1, 0, False, False)
+    assert parallel.check_shards([[5]])["ok"] is True                  # one rank, one sample: a valid shard
+    # overlapping but complete: not ok, whatever the union says
+    assert parallel.check_shards([[0, 1], [1]], range(2))["ok"] is False
+    for bad in ([], [[0], []]):
+        with pytest.raises(ValueError) as e:
+            parallel.check_shards(bad)
+        assert str(e.value) == (f"check_shards: per_rank_ids has {len(bad)} ranks, some empty; "
+                                "fix: pass one non-empty list of sample ids per rank")
+
+
+def _cb(cfg, *a, **kw):
+    return parallel.communication_bytes(cfg, *a, **kw)
+
+
+def test_communication_bytes_by_hand_with_tp_and_pp():
+    # mini: hidden 256, 4 layers, float32 -> 4 bytes a value; dp 2, mp 2, pp 2, m 2, global batch 8
+    P, s, h = llama_param_count(MINI), MINI.seq_len, MINI.hidden_size
+    got = _cb(MINI, 2, 2, 2, 2, global_batch=8)
+    local = -(-P // 4)
+    b = 8 // (2 * 2)
+    buf = b * s * h * 4
+    n_ar = (4 * 2 + 2) - 1                               # 2 layers a stage, embedding pair, one end held: 9
+    assert got["grad_buffer_bytes"] == local * 4
+    assert got["dp"] == round(2 * 1 * local * 4 / 2)
+    assert got["tp_buffer_bytes"] == buf and got["tp_allreduces"] == n_ar * 2
+    assert got["tp"] == 2 * n_ar * round(2 * 1 * buf / 2)
+    assert got["pp"] == 2 * 2 * buf
+    assert got["total"] == got["dp"] + got["tp"] + got["pp"]
+    assert got["tp"] != got["pp"] and got["dp"] != got["pp"]      # so a wrong sign shows in the total
+
+
+def test_communication_bytes_without_tp_or_pp_has_none_of_their_traffic():
+    got = _cb(MINI, 2, 1, 1, 1, global_batch=8)
+    assert (got["tp"], got["pp"], got["tp_allreduces"]) == (0, 0, 0)
+    got = _cb(MINI, 1, 2, 1, 1, global_batch=8)
+    assert got["pp"] == 0 and got["tp_allreduces"] == 4 * 4 + 2 and got["dp"] == 0
+
+
+def test_communication_bytes_reads_the_config_and_its_widths():
+    # a foreign config without compute_dtype or recompute: float32 and no recompute
+    foreign = _NS(**{k: getattr(MINI, k) for k in ("num_heads", "ffn_hidden_size", "num_layers", "hidden_size",
+                                                     "seq_len", "vocab_size")})
+    assert not hasattr(foreign, "compute_dtype") and not hasattr(foreign, "recompute")
+    ref = _cb(MINI, 1, 2, 1, 1, global_batch=8)
+    got = _cb(foreign, 1, 2, 1, 1, global_batch=8)
+    assert got == ref and got["tp_buffer_bytes"] == 8 * MINI.seq_len * MINI.hidden_size * 4
+    half = _cb(MINI.replace(compute_dtype="bfloat16"), 1, 2, 1, 1, global_batch=8)
+    assert half["tp_buffer_bytes"] == ref["tp_buffer_bytes"] // 2
+    full = _cb(MINI.replace(recompute="full"), 1, 2, 1, 1, global_batch=8)
+    assert full["tp_allreduces"] == 6 * 4 + 2
+    # gradients in another width than the values
+    g2 = _cb(MINI, 2, 1, 1, global_batch=8, grad_bytes_per_value=2)
+    assert g2["grad_buffer_bytes"] == llama_param_count(MINI) * 2
+    # ZeRO-3 adds two parameter all-gathers only when there is a dp group
+    z3 = _cb(MINI, 2, 1, 1, global_batch=8, zero_stage=3)
+    assert z3["dp"] == _cb(MINI, 2, 1, 1, global_batch=8)["dp"] + 2 * parallel.ring_allgather_bytes(
+        llama_param_count(MINI) * 4, 2)
+    assert _cb(MINI, 1, 1, 1, global_batch=8, zero_stage=3)["dp"] == 0
+
+
+def test_communication_bytes_results_are_integers():
+    got = _cb(L7, 3, 1, 2, 2, global_batch=12, seq_len=4096)
+    assert all(type(v) is int for v in got.values()), got
+    assert L7.compute_dtype == "bfloat16" and got["grad_buffer_bytes"] == -(-llama_param_count(L7) // 2) * 2
+
+
+def test_collectives_threads_default_to_whole_cores_per_rank(monkeypatch):
+    import os
+    monkeypatch.setattr(os, "cpu_count", lambda: 5)
+    args = parallel._collectives_bench_args(2, [1024], ["all_reduce"], 3, 1, 2.0, None)
+    assert args[args.index("--threads") + 1] == "2"
