@@ -230,3 +230,40 @@ def test_collectives_threads_default_to_whole_cores_per_rank(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 5)
     args = parallel._collectives_bench_args(2, [1024], ["all_reduce"], 3, 1, 2.0, None)
     assert args[args.index("--threads") + 1] == "2"
+
+
+def _foreign(cfg):
+    """The same model as a plain object without compute_dtype or recompute (a config that is not ours)."""
+    return _NS(**{k: getattr(cfg, k) for k in ("num_heads", "ffn_hidden_size", "num_layers", "hidden_size",
+                                                "seq_len", "vocab_size")})
+
+
+def test_stage_activation_bytes_on_a_config_that_is_not_ours():
+    lay = parallel.make_layout(MINI, 1, 2, 2, 2, global_batch=8)
+    assert parallel.stage_activation_bytes(_foreign(MINI), lay) == parallel.stage_activation_bytes(MINI, lay)
+    half = parallel.stage_activation_bytes(MINI.replace(compute_dtype="float16"), lay)
+    assert half["per_layer_bytes"] < parallel.stage_activation_bytes(MINI, lay)["per_layer_bytes"]
+
+
+def test_estimate_step_time_on_a_config_that_is_not_ours_counts_every_latency():
+    hw = parallel.Hardware(1e12, intra_node_bytes_per_s=1e10, inter_node_bytes_per_s=1e9, devices_per_node=8,
+                           intra_node_latency_s=1e-4, inter_node_latency_s=1e-3)
+    lay = parallel.make_layout(MINI, 1, 2, 2, 2, global_batch=8)
+    ours = parallel.estimate_step_time(MINI, lay, hw, global_batch=8)
+    assert parallel.estimate_step_time(_foreign(MINI), lay, hw, global_batch=8) == ours
+    n_tp = 2 * ((4 * 2 + 2) - 1)                          # m x (2 layers a stage x 4 + embedding pair - one end)
+    assert ours["tp_comm_s"] == pytest.approx(lay.comm_tp_bytes / 1e10 + n_tp * 1e-4, rel=1e-12)
+
+
+def test_neighbouring_stages_are_dp_times_mp_ranks_apart():
+    # 2 dp ranks x 2 stages on nodes of 4: the stage pair spans 4 ranks, inside one node
+    hw = parallel.Hardware(1e12, intra_node_bytes_per_s=1e10, inter_node_bytes_per_s=1e8, devices_per_node=4,
+                           intra_node_latency_s=1e-5, inter_node_latency_s=1e-2)
+    lay = parallel.make_layout(MINI, 2, 1, 2, 2, global_batch=8)
+    got = parallel.estimate_step_time(MINI, lay, hw, global_batch=8)
+    assert got["pp_comm_s"] == pytest.approx(lay.comm_pp_bytes / 1e10 + 2 * 2 * 1e-5, rel=1e-12)
+    # on nodes of 2 the same pair crosses a node
+    hw2 = parallel.Hardware(1e12, intra_node_bytes_per_s=1e10, inter_node_bytes_per_s=1e8, devices_per_node=2,
+                            intra_node_latency_s=1e-5, inter_node_latency_s=1e-2)
+    got2 = parallel.estimate_step_time(MINI, lay, hw2, global_batch=8)
+    assert got2["pp_comm_s"] == pytest.approx(lay.comm_pp_bytes / 1e8 + 2 * 2 * 1e-2, rel=1e-12)
