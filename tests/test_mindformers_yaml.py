@@ -143,6 +143,7 @@ def test_a_config_that_is_not_ours_takes_the_documented_defaults():
                             ffn_hidden_size=11008)
     y = P.mindformers_yaml(plain, LAY_841)
     assert (y["seed"], y["optimizer"]["learning_rate"], y["model"]["model_config"]["compute_dtype"]) == (0, 3e-4, "bfloat16")
+    assert y["lr_schedule"]["learning_rate"] == 3e-4          # the schedule's peak is the optimizer's
     assert (y["recompute_config"]["recompute"], y["recompute_config"]["select_recompute"]) == (False, False)
     assert y["model"]["model_config"] == {**MODEL_7B}
 
