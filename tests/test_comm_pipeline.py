@@ -530,11 +530,11 @@ def test_measure_collectives_passes_every_setting_and_refuses_a_rank_without_res
     rec = _RecordedLaunch([_rank_rows(0.001), _rank_rows(0.002), _rank_rows(0.004)])
     monkeypatch.setattr(launch, "msrun", rec)
     rows = parallel.measure_collectives(3, sizes=[96.0], ops="broadcast", repeats=4.0, warmup=1,
-                                        max_seconds_per_size=0.5, threads=1, timeout=12, log_dir=tmp_path)
+                                        max_seconds_per_size=0.5, threads=2, timeout=12, log_dir=tmp_path)
     (call,) = rec.calls
     assert (call["workers"], call["log_dir"], call["timeout"]) == (3, tmp_path, 12)
     assert call["args"] == ["--sizes", "96", "--ops", "broadcast", "--repeats", "4", "--warmup", "1",
-                            "--max-seconds-per-size", "0.5", "--threads", "1"]
+                            "--max-seconds-per-size", "0.5", "--threads", "2"]   # not cores // ranks
     assert rows[0]["seconds"] == 0.004 and rows[0]["ranks"] == 3
     rec._results = [_rank_rows(0.001), None]                        # rank 1 died before writing
     with pytest.raises(RuntimeError) as e:

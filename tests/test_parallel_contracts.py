@@ -91,6 +91,10 @@ def test_validate_layout_proposes_a_dp_that_fits_or_a_divisor_rule():
         parallel.validate_layout(L7, 1, 3, 1, 1, n_devices=8, global_batch=64)
     assert str(e.value) == ("validate_layout: dp*mp*pp = 1*3*1 = 3 does not equal n_devices=8; "
                             "fix: choose mp*pp dividing 8 and dp = 8/(mp*pp)")
+    with pytest.raises(ValueError) as e:      # mp*pp = 8 does not divide 12 (though mp/pp would)
+        parallel.validate_layout(L7, 1, 2, 4, 4, n_devices=12, global_batch=64)
+    assert str(e.value) == ("validate_layout: dp*mp*pp = 1*2*4 = 8 does not equal n_devices=12; "
+                            "fix: choose mp*pp dividing 12 and dp = 12/(mp*pp)")
 
 
 def test_validate_layout_ffn_refusal_lists_the_mp_that_split_both():
