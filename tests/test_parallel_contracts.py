@@ -4,9 +4,11 @@ the argument, each fix a layout refusal proposes, the defaults, and communicatio
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace as _NS
 
+import numpy as np
 import pytest
 
 from mshelpers import parallel
@@ -15,6 +17,13 @@ from mshelpers.memory import llama_param_count
 
 MINI = RunConfig.preset("mini")
 L7 = RunConfig.preset("llama2-7b")
+
+
+def _refused(f, *args, **kw) -> str:
+    """The one line f refuses these arguments with."""
+    with pytest.raises(ValueError) as e:
+        f(*args, **kw)
+    return str(e.value)
 
 
 def _line(fn, name, v):
@@ -41,26 +50,24 @@ def test_every_count_is_refused_by_one_line_naming_the_function_and_the_argument
             continue
         got = list(args)
         got[i] = bad
-        with pytest.raises(ValueError) as e:
-            getattr(parallel, fn)(*got)
-        assert str(e.value) == _line(fn, name, bad)
+        assert _refused(getattr(parallel, fn), *got) == _line(fn, name, bad)
 
 
 @pytest.mark.parametrize("i,name", list(enumerate(["dp", "mp", "pp", "micro_batches"])))
 def test_validate_layout_names_each_bad_count(i, name):
     args = [2, 2, 2, 2]
     args[i] = 0
-    with pytest.raises(ValueError) as e:
-        parallel.validate_layout(L7, *args, n_devices=8, global_batch=64)
-    assert str(e.value) == _line("validate_layout", name, 0)
-    for kw in ("n_devices", "global_batch"):
-        with pytest.raises(ValueError) as e:
-            parallel.validate_layout(L7, 1, 1, 1, 1, **{"n_devices": 1, "global_batch": 1, kw: 2.5})
-        assert str(e.value) == _line("validate_layout", kw, 2.5)
+    assert _refused(parallel.validate_layout, L7, *args, n_devices=8, global_batch=64) == \
+        _line("validate_layout", name, 0)
+
+
+@pytest.mark.parametrize("kw", ["n_devices", "global_batch"])
+def test_validate_layout_names_a_bad_keyword_count(kw):
+    assert _refused(parallel.validate_layout, L7, 1, 1, 1, 1, **{"n_devices": 1, "global_batch": 1, kw: 2.5}) == \
+        _line("validate_layout", kw, 2.5)
 
 
 def test_counts_accept_integral_floats_and_numpy_integers():
-    np = pytest.importorskip("numpy")
     assert parallel.ring_allreduce_bytes(1000, 4.0) == 1500
     assert parallel.ring_allreduce_bytes(1000, np.int64(4)) == 1500
     assert parallel.pipeline_bubble_fraction(np.int32(4), 8.0) == 3 / 11
@@ -83,69 +90,59 @@ def test_the_defaults():
 
 
 def test_validate_layout_proposes_a_dp_that_fits_or_a_divisor_rule():
-    with pytest.raises(ValueError) as e:
-        parallel.validate_layout(L7, 3, 2, 2, 4, n_devices=8, global_batch=64)
-    assert str(e.value) == ("validate_layout: dp*mp*pp = 3*2*2 = 12 does not equal n_devices=8; "
-                            "fix: dp=2 makes dp*mp*pp = 8")
-    with pytest.raises(ValueError) as e:
-        parallel.validate_layout(L7, 1, 3, 1, 1, n_devices=8, global_batch=64)
-    assert str(e.value) == ("validate_layout: dp*mp*pp = 1*3*1 = 3 does not equal n_devices=8; "
-                            "fix: choose mp*pp dividing 8 and dp = 8/(mp*pp)")
-    with pytest.raises(ValueError) as e:      # mp*pp = 8 does not divide 12 (though mp/pp would)
-        parallel.validate_layout(L7, 1, 2, 4, 4, n_devices=12, global_batch=64)
-    assert str(e.value) == ("validate_layout: dp*mp*pp = 1*2*4 = 8 does not equal n_devices=12; "
-                            "fix: choose mp*pp dividing 12 and dp = 12/(mp*pp)")
+    v = parallel.validate_layout
+    assert _refused(v, L7, 3, 2, 2, 4, n_devices=8, global_batch=64) == (
+        "validate_layout: dp*mp*pp = 3*2*2 = 12 does not equal n_devices=8; fix: dp=2 makes dp*mp*pp = 8")
+    assert _refused(v, L7, 1, 3, 1, 1, n_devices=8, global_batch=64) == (
+        "validate_layout: dp*mp*pp = 1*3*1 = 3 does not equal n_devices=8; "
+        "fix: choose mp*pp dividing 8 and dp = 8/(mp*pp)")
+    # mp*pp = 8 does not divide 12 (though mp/pp would)
+    assert _refused(v, L7, 1, 2, 4, 4, n_devices=12, global_batch=64) == (
+        "validate_layout: dp*mp*pp = 1*2*4 = 8 does not equal n_devices=12; "
+        "fix: choose mp*pp dividing 12 and dp = 12/(mp*pp)")
 
 
 def test_validate_layout_ffn_refusal_lists_the_mp_that_split_both():
     cfg = _NS(num_heads=8, ffn_hidden_size=12, num_layers=4)     # 12's divisors that also divide 8: 1, 2, 4
-    with pytest.raises(ValueError) as e:
-        parallel.validate_layout(cfg, 1, 8, 1, 1, n_devices=8, global_batch=8)
-    assert str(e.value) == ("validate_layout: mp=8 does not divide ffn_hidden_size=12 (MLP columns are split "
-                            "evenly); fix: use mp in [1, 2, 4]")
+    assert _refused(parallel.validate_layout, cfg, 1, 8, 1, 1, n_devices=8, global_batch=8) == (
+        "validate_layout: mp=8 does not divide ffn_hidden_size=12 (MLP columns are split evenly); "
+        "fix: use mp in [1, 2, 4]")
 
 
 def test_validate_layout_batch_refusal_lists_micro_batches_or_asks_for_another_batch():
     # 12 / 2 = 6 sequences per dp rank: 4 micro-batches do not split them, the divisors of 6 do
-    with pytest.raises(ValueError) as e:
-        parallel.validate_layout(L7, 2, 1, 1, 4, n_devices=2, global_batch=12)
-    assert str(e.value) == ("validate_layout: dp*micro_batches = 2*4 = 8 does not divide global_batch=12 "
-                            "(every micro-batch needs whole sequences); fix: use micro_batches in [1, 2, 3, 6]")
-    with pytest.raises(ValueError) as e:
-        parallel.validate_layout(L7, 4, 1, 1, 1, n_devices=4, global_batch=6)
-    assert str(e.value) == ("validate_layout: dp*micro_batches = 4*1 = 4 does not divide global_batch=6 "
-                            "(every micro-batch needs whole sequences); fix: use a global_batch that is a "
-                            "multiple of dp*micro_batches = 4")
+    v = parallel.validate_layout
+    assert _refused(v, L7, 2, 1, 1, 4, n_devices=2, global_batch=12) == (
+        "validate_layout: dp*micro_batches = 2*4 = 8 does not divide global_batch=12 "
+        "(every micro-batch needs whole sequences); fix: use micro_batches in [1, 2, 3, 6]")
+    assert _refused(v, L7, 4, 1, 1, 1, n_devices=4, global_batch=6) == (
+        "validate_layout: dp*micro_batches = 4*1 = 4 does not divide global_batch=6 "
+        "(every micro-batch needs whole sequences); fix: use a global_batch that is a multiple of "
+        "dp*micro_batches = 4")
 
 
 def test_validate_layout_pipeline_rule_applies_only_with_stages():
     assert parallel.validate_layout(L7, 1, 1, 1, 1, n_devices=1, global_batch=1) is None
     assert parallel.validate_layout(L7, 1, 1, 2, 2, n_devices=2, global_batch=2) is None
-    with pytest.raises(ValueError) as e:
-        parallel.validate_layout(L7, 1, 1, 2, 1, n_devices=2, global_batch=2)
-    assert str(e.value).startswith("validate_layout: micro_batches=1 < pp=2; ")
+    assert _refused(parallel.validate_layout, L7, 1, 1, 2, 1, n_devices=2, global_batch=2).startswith(
+        "validate_layout: micro_batches=1 < pp=2; ")
 
 
 @pytest.mark.parametrize("v", [None, 0, -1, True, 2.0, "4"], ids=repr)
 def test_a_config_field_that_is_not_a_positive_integer_is_refused(v):
     cfg = _NS(num_heads=v, ffn_hidden_size=64, num_layers=2)
-    with pytest.raises(ValueError) as e:
-        parallel.validate_layout(cfg, 1, 1, 1, 1, n_devices=1, global_batch=1)
-    assert str(e.value) == (f"cfg.num_heads={v!r} is invalid; fix: pass a RunConfig (RunConfig.preset(...)) "
-                            "with a positive integer there")
+    assert _refused(parallel.validate_layout, cfg, 1, 1, 1, 1, n_devices=1, global_batch=1) == (
+        f"cfg.num_heads={v!r} is invalid; fix: pass a RunConfig (RunConfig.preset(...)) with a positive integer there")
 
 
 def test_a_config_field_of_one_or_a_numpy_integer_is_accepted():
-    np = pytest.importorskip("numpy")
     cfg = _NS(num_heads=1, ffn_hidden_size=np.int64(64), num_layers=1)
     assert parallel.validate_layout(cfg, 1, 1, 1, 1, n_devices=1, global_batch=1) is None
     assert parallel._divisors(6) == [1, 2, 3, 6] and parallel._divisors(1) == [1]
 
 
 def test_a_schedule_refusal_says_what_to_pass():
-    with pytest.raises(ValueError) as e:
-        parallel.pipeline_in_flight(4, 8, "1f1b", 2)
-    assert str(e.value) == ("pipeline_in_flight: virtual_stages=2 needs schedule='interleaved'; fix: pass "
+    assert _refused(parallel.pipeline_in_flight, 4, 8, "1f1b", 2) == ("pipeline_in_flight: virtual_stages=2 needs schedule='interleaved'; fix: pass "
                             "schedule='interleaved' or virtual_stages=1")
 
 
@@ -167,14 +164,11 @@ def test_check_shards_exactly():
     # overlapping but complete: not ok, whatever the union says
     assert parallel.check_shards([[0, 1], [1]], range(2))["ok"] is False
     for bad in ([], [[0], []]):
-        with pytest.raises(ValueError) as e:
-            parallel.check_shards(bad)
-        assert str(e.value) == (f"check_shards: per_rank_ids has {len(bad)} ranks, some empty; "
+        assert _refused(parallel.check_shards, bad) == (f"check_shards: per_rank_ids has {len(bad)} ranks, some empty; "
                                 "fix: pass one non-empty list of sample ids per rank")
 
 
-def _cb(cfg, *a, **kw):
-    return parallel.communication_bytes(cfg, *a, **kw)
+_cb = parallel.communication_bytes
 
 
 def test_communication_bytes_by_hand_with_tp_and_pp():
@@ -203,8 +197,7 @@ def test_communication_bytes_without_tp_or_pp_has_none_of_their_traffic():
 
 def test_communication_bytes_reads_the_config_and_its_widths():
     # a foreign config without compute_dtype or recompute: float32 and no recompute
-    foreign = _NS(**{k: getattr(MINI, k) for k in ("num_heads", "ffn_hidden_size", "num_layers", "hidden_size",
-                                                     "seq_len", "vocab_size")})
+    foreign = _foreign(MINI)
     assert not hasattr(foreign, "compute_dtype") and not hasattr(foreign, "recompute")
     ref = _cb(MINI, 1, 2, 1, 1, global_batch=8)
     got = _cb(foreign, 1, 2, 1, 1, global_batch=8)
@@ -267,7 +260,6 @@ def test_neighbouring_stages_are_dp_times_mp_ranks_apart():
     got = parallel.estimate_step_time(MINI, lay, hw, global_batch=8)
     assert got["pp_comm_s"] == pytest.approx(lay.comm_pp_bytes / 1e10 + 2 * 2 * 1e-5, rel=1e-12)
     # on nodes of 2 the same pair crosses a node
-    hw2 = parallel.Hardware(1e12, intra_node_bytes_per_s=1e10, inter_node_bytes_per_s=1e8, devices_per_node=2,
-                            intra_node_latency_s=1e-5, inter_node_latency_s=1e-2)
+    hw2 = dataclasses.replace(hw, devices_per_node=2)
     got2 = parallel.estimate_step_time(MINI, lay, hw2, global_batch=8)
     assert got2["pp_comm_s"] == pytest.approx(lay.comm_pp_bytes / 1e8 + 2 * 2 * 1e-2, rel=1e-12)
