@@ -178,6 +178,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# msrun's cluster retries: a worker re-tries to register with the scheduler, and at the end to report that it
+# finished, every MS_RETRY_INTERVAL_LOWER..UPPER seconds (MindSpore 2.9 picks at random, 3 to 5 s by default).
+# On one machine the scheduler answers within milliseconds, so the default left the workers waiting: a 2-rank
+# all-reduce job took 15.3 s and 14.8 s by default and 10.4 s twice with 1 s (Intel Xeon, 2 cores,
+# 2026-12-02), the saving in registration and shutdown. A cluster job keeps MindSpore's own default: this
+# applies only to msrun() below, which launches local ranks, and a value set in the environment wins.
+LOCAL_RETRY_INTERVAL_S = {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
+
+
+def worker_env(out_root: str | os.PathLike, env: dict | None = None) -> dict[str, str]:
+    """The environment msrun() gives its local ranks: this one, with this interpreter's bin folder first on
+    PATH (msrun starts workers as plain `python`), the mshelpers checkout on PYTHONPATH, unbuffered output,
+    the ranks' result folder, 1 s cluster retries unless set (above), and `env` on top.
+
+        >>> e = worker_env("/tmp/out", {"MS_RETRY_INTERVAL_UPPER": 2})
+        >>> e["MS_RETRY_INTERVAL_LOWER"], e["MS_RETRY_INTERVAL_UPPER"], e["MSHELPERS_RANK_OUT_ROOT"]
+        ('1', '2', '/tmp/out')
+    """
+    bin_dir = str(Path(sys.executable).parent)
+    pkg_root = str(Path(__file__).resolve().parents[1])
+    run_env = {**LOCAL_RETRY_INTERVAL_S, **os.environ}
+    run_env["PATH"] = bin_dir + os.pathsep + run_env.get("PATH", "")
+    run_env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, run_env.get("PYTHONPATH")) if p)
+    run_env[OUT_ROOT_ENV] = str(out_root)
+    run_env["PYTHONUNBUFFERED"] = "1"
+    run_env.update({k: str(v) for k, v in (env or {}).items()})
+    return run_env
+
+
 def msrun(script: str | os.PathLike, workers: int = 2, args: Sequence[str] = (), log_dir: str | os.PathLike | None = None,
           port: int | None = None, timeout: float = 600, *, env: dict | None = None, grace_s: float = 8.0,
           progress: Any = None, cwd: str | os.PathLike | None = None) -> MsrunResult:
@@ -186,7 +215,7 @@ def msrun(script: str | os.PathLike, workers: int = 2, args: Sequence[str] = (),
     Picks a free port unless `port` is given, puts this interpreter's bin folder on PATH
     (msrun starts workers as plain `python`) and the mshelpers checkout on PYTHONPATH.
     `log_dir` defaults to build/msrun/<script>-<time>; old logs there are removed first.
-    `env` adds environment variables for the workers. `progress` may be a tqdm bar
+    `env` adds environment variables for the workers; cluster retries are 1 s unless set (`worker_env`). `progress` may be a tqdm bar
     (or True to make one) that follows rank 0's `report_progress` lines.
     A failed rank raises `MsrunError` quoting the first error line of its log; when a
     rank dies, msrun stops the others, and after `grace_s` seconds its scheduler too.
@@ -217,14 +246,7 @@ def msrun(script: str | os.PathLike, workers: int = 2, args: Sequence[str] = (),
     cmd = msrun_command(script, workers, args, master_port=port, log_dir=log_dir,
                         extra=("--tail_worker_log=-1",))   # keep worker output out of msrun.log; it is in worker_N.log
 
-    bin_dir = str(Path(sys.executable).parent)
-    pkg_root = str(Path(__file__).resolve().parents[1])
-    run_env = dict(os.environ)
-    run_env["PATH"] = bin_dir + os.pathsep + run_env.get("PATH", "")
-    run_env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, run_env.get("PYTHONPATH")) if p)
-    run_env[OUT_ROOT_ENV] = str(out_root)
-    run_env["PYTHONUNBUFFERED"] = "1"
-    run_env.update({k: str(v) for k, v in (env or {}).items()})
+    run_env = worker_env(out_root, env)
 
     bar, own_bar = _progress_bar(progress)
     t0 = time.perf_counter()

@@ -5,7 +5,9 @@ The two msrun jobs take about 30 s together on a 2-core CPU; run under `flock /t
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import sys
 
 import pytest
 
@@ -80,6 +82,22 @@ def test_two_rank_msrun_allreduce(tmp_path):
     assert run.ranks[0].result["pid"] != run.ranks[1].result["pid"]
     assert all(any(f.name == "result.json" for f in r.files) for r in run.ranks)
     assert "all-reduce of rank+1 = 3.0" in run[1].log_tail(5)
+    # the local launch's 1 s cluster retries reached both ranks (MindSpore's 3-5 s left them waiting)
+    assert [r.result["retry_interval_s"] for r in run.ranks] == [["1", "1"], ["1", "1"]]
+
+
+def test_worker_env_retries_default_to_1_s_and_the_environment_or_env_wins(monkeypatch, tmp_path):
+    from mshelpers.launch import worker_env
+    monkeypatch.delenv("MS_RETRY_INTERVAL_LOWER", raising=False)
+    monkeypatch.delenv("MS_RETRY_INTERVAL_UPPER", raising=False)
+    e = worker_env(tmp_path)
+    assert (e["MS_RETRY_INTERVAL_LOWER"], e["MS_RETRY_INTERVAL_UPPER"]) == ("1", "1")
+    assert e["MSHELPERS_RANK_OUT_ROOT"] == str(tmp_path) and e["PYTHONUNBUFFERED"] == "1"
+    assert e["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+    monkeypatch.setenv("MS_RETRY_INTERVAL_UPPER", "5")           # a user's setting is kept
+    e = worker_env(tmp_path, {"MS_RETRY_INTERVAL_LOWER": 2})     # and env= goes on top, as text
+    assert (e["MS_RETRY_INTERVAL_LOWER"], e["MS_RETRY_INTERVAL_UPPER"]) == ("2", "5")
+    assert "MS_RETRY_INTERVAL_LOWER" not in os.environ            # the parent's environment is untouched
 
 
 def test_failed_rank_raises_with_its_error_line(tmp_path):

@@ -28,4 +28,5 @@ from mshelpers.launch import write_rank_result  # noqa: E402
 rank, world = get_rank(), get_group_size()
 summed = ops.AllReduce()(Tensor(np.full((4,), rank + 1, np.float32))).asnumpy()
 print(f"rank {rank}/{world}: all-reduce of rank+1 = {summed[0]}", flush=True)
-write_rank_result({"rank": rank, "world": world, "allreduce_sum": float(summed[0]), "pid": os.getpid()})
+write_rank_result({"rank": rank, "world": world, "allreduce_sum": float(summed[0]), "pid": os.getpid(),
+                   "retry_interval_s": [os.environ.get(k) for k in ("MS_RETRY_INTERVAL_LOWER", "MS_RETRY_INTERVAL_UPPER")]})
