@@ -183,27 +183,35 @@ def free_port() -> int:
 # On one machine the scheduler answers within milliseconds, so the default left the workers waiting: a 2-rank
 # all-reduce job took 15.3 s and 14.8 s by default and 10.4 s twice with 1 s (Intel Xeon, 2 cores,
 # 2026-12-02), the saving in registration and shutdown. A cluster job keeps MindSpore's own default: this
-# applies only to msrun() below, which launches local ranks, and a value set in the environment wins.
+# applies only to msrun() below, which launches local ranks, and only when neither bound is set (the
+# environment or env=), so a user's bound is never paired with ours into a lower above the upper.
 LOCAL_RETRY_INTERVAL_S = {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
 
 
 def worker_env(out_root: str | os.PathLike, env: dict | None = None) -> dict[str, str]:
     """The environment msrun() gives its local ranks: this one, with this interpreter's bin folder first on
     PATH (msrun starts workers as plain `python`), the mshelpers checkout on PYTHONPATH, unbuffered output,
-    the ranks' result folder, 1 s cluster retries unless set (above), and `env` on top.
+    the ranks' result folder, `env` on top (values as text), and 1 s cluster retries when neither retry
+    bound is set (above).
 
-        >>> e = worker_env("/tmp/out", {"MS_RETRY_INTERVAL_UPPER": 2})
-        >>> e["MS_RETRY_INTERVAL_LOWER"], e["MS_RETRY_INTERVAL_UPPER"], e["MSHELPERS_RANK_OUT_ROOT"]
-        ('1', '2', '/tmp/out')
+        >>> worker_env("/tmp/out", {"MS_RETRY_INTERVAL_LOWER": 2, "MS_RETRY_INTERVAL_UPPER": 4})["MS_RETRY_INTERVAL_LOWER"]
+        '2'
+        >>> worker_env("/tmp/out", {"X": 1})["MSHELPERS_RANK_OUT_ROOT"]
+        '/tmp/out'
     """
+    if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) for k in env)):
+        raise ValueError(f"worker_env: env={env!r} is invalid; fix: pass a dict of variable names to values, "
+                         "e.g. {'GLOG_v': 3}")
     bin_dir = str(Path(sys.executable).parent)
     pkg_root = str(Path(__file__).resolve().parents[1])
-    run_env = {**LOCAL_RETRY_INTERVAL_S, **os.environ}
+    run_env = dict(os.environ)
     run_env["PATH"] = bin_dir + os.pathsep + run_env.get("PATH", "")
     run_env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, run_env.get("PYTHONPATH")) if p)
     run_env[OUT_ROOT_ENV] = str(out_root)
     run_env["PYTHONUNBUFFERED"] = "1"
     run_env.update({k: str(v) for k, v in (env or {}).items()})
+    if not LOCAL_RETRY_INTERVAL_S.keys() & run_env.keys():
+        run_env.update(LOCAL_RETRY_INTERVAL_S)
     return run_env
 
 
@@ -215,8 +223,8 @@ def msrun(script: str | os.PathLike, workers: int = 2, args: Sequence[str] = (),
     Picks a free port unless `port` is given, puts this interpreter's bin folder on PATH
     (msrun starts workers as plain `python`) and the mshelpers checkout on PYTHONPATH.
     `log_dir` defaults to build/msrun/<script>-<time>; old logs there are removed first.
-    `env` adds environment variables for the workers; cluster retries are 1 s unless set (`worker_env`). `progress` may be a tqdm bar
-    (or True to make one) that follows rank 0's `report_progress` lines.
+    `env` adds environment variables for the workers; cluster retries are 1 s unless set (`worker_env`).
+    `progress` may be a tqdm bar (or True to make one) that follows rank 0's `report_progress` lines.
     A failed rank raises `MsrunError` quoting the first error line of its log; when a
     rank dies, msrun stops the others, and after `grace_s` seconds its scheduler too.
     Does not take /tmp/heavy.lock itself: wrap the notebook or test run in flock instead.

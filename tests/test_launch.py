@@ -98,6 +98,17 @@ def test_worker_env_retries_default_to_1_s_and_the_environment_or_env_wins(monke
     e = worker_env(tmp_path, {"MS_RETRY_INTERVAL_LOWER": 2})     # and env= goes on top, as text
     assert (e["MS_RETRY_INTERVAL_LOWER"], e["MS_RETRY_INTERVAL_UPPER"]) == ("2", "5")
     assert "MS_RETRY_INTERVAL_LOWER" not in os.environ            # the parent's environment is untouched
+    # one bound set by the user, in the environment or env=: ours is not added beside it (lower 4, upper 1)
+    assert "MS_RETRY_INTERVAL_LOWER" not in worker_env(tmp_path)
+    monkeypatch.delenv("MS_RETRY_INTERVAL_UPPER")
+    assert "MS_RETRY_INTERVAL_UPPER" not in worker_env(tmp_path, {"MS_RETRY_INTERVAL_LOWER": 4})
+
+
+@pytest.mark.parametrize("env", [["GLOG_v=3"], "GLOG_v=3", {3: "x"}])
+def test_worker_env_refuses_an_env_that_is_not_a_dict_of_names(env, tmp_path):
+    from mshelpers.launch import worker_env
+    with pytest.raises(ValueError, match=r"^worker_env: env=.* is invalid; fix: pass a dict of variable names"):
+        worker_env(tmp_path, env)
 
 
 def test_failed_rank_raises_with_its_error_line(tmp_path):
