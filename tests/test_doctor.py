@@ -82,7 +82,7 @@ def test_guide_13b_steps_come_out_in_the_guides_order():
 
 def test_1_9_layout_is_read():
     cfg = D.read_config(DATA / "master_pretrain_qwen3_32b_4k.yaml")
-    assert cfg.layout_name == "1.9" and cfg.layers == 64 and cfg.kv_heads == 8 and cfg.head_dim == 128
+    assert cfg.dialect == "mcore" and cfg.layers == 64 and cfg.kv_heads == 8 and cfg.head_dim == 128
     assert cfg.stage_layers == (15, 15, 17, 17) and cfg.ffn == 25600
 
 
@@ -129,7 +129,10 @@ BAD = {
     "not a mindformers config": (lambda d: d.clear() or d.update(a=1), [], "model.model_config"),
     "missing key": (_set("model.model_config.hidden_size", KeyError), [], "model.model_config.hidden_size"),
     "mp does not divide heads": (_set("parallel_config.model_parallel", 3), [], "parallel_config.model_parallel"),
-    "pp does not divide layers": (_set("parallel_config.pipeline_stage", 3), [], "parallel_config.pipeline_stage"),
+    "offsets do not sum to the remainder": (lambda d: (_set("parallel_config.pipeline_stage", 2)(d),
+                                                       _set("parallel_config.micro_batch_num", 2)(d),
+                                                       _set("model.model_config.offset", [3, 3])(d)),
+                                            [], "model.model_config.offset"),
     "layout does not divide devices": (lambda d: None, ["--devices", "12"], "parallel_config"),
     "unknown hardware": (lambda d: None, ["--hardware", "h100"], "--hardware"),
     "unparsable budget in YAML": (_set("context.max_device_memory", "lots"), [], "context.max_device_memory"),
@@ -193,7 +196,7 @@ def test_cpu_prediction_terms():
     st = {(dp, rc): D.step_time(D.mini_config(dp=dp, recompute=rc), hw1 if dp == 1 else hw2, cal)
           for dp in (1, 2) for rc in ("none", "full")}
     c = D.mini_config()
-    layer_fwd = sum(D._op_flops(c).values())
+    layer_fwd = sum(D.layer_ops(c.model, 0).values())
     fwd = c.layers * layer_fwd + 2 * c.vocab * c.hidden
     tokens = c.batch * c.seq
     assert st[1, "none"]["compute_s"] == pytest.approx(tokens * 3 * fwd / (60e9 * 0.8))

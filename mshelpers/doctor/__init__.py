@@ -1,0 +1,51 @@
+"""A config doctor: point it at a mindformers training file, get memory, step time, MFU and a better layout.
+
+    python -m mshelpers.doctor CONFIG.yaml [--hardware NAME] [--devices N] [--budget 58GB] [--model-config
+        config.json] [--log train.log|metrics.csv [--refit]] [--out DIR] [--json]
+
+It reads every dialect mindformers ships (r1.x legacy YAMLs, 1.x mcore static YAMLs with `use_legacy: False`
+and a Hugging Face config.json, 2.x PyNative YAMLs), dense and MoE, GQA and MLA, and answers verdict first:
+memory per pipeline stage against the budget, the step decomposed term by term, tokens/s per device, MFU in
+three conventions against the SKU's datasheet peak, and the top 5 layouts under the budget. With --log it
+reads your own run and prints the measured tokens/s/p, MFU and the prediction's error.
+
+The rooms, each one concern (data flows readers -> cost <- hardware; search and calibration use cost;
+report and logs use all of them; the CLI uses report and logs):
+  describe.py     Model, MoE, Layout, Config, DoctorError: the vocabulary every room shares
+  readers.py      a file in any dialect -> one Model + one Layout (read_config, with_layout)
+  hardware.py     Ascend profiles, each figure with its source; "cpu" is this machine
+  cost.py         FLOPs, parameters, the step decomposed, memory per stage (never sees a YAML)
+  search.py       layouts under the budget, ranked
+  published.py    mindformers' published tokens/s/p with the YAMLs they link
+  calibration.py  the fitted constants, the fit, the error by family, rankings and Kendall's tau
+  logs.py         a mindformers training log or metrics.csv -> measured steps
+  report.py       the verdict, the tables, the pictures, the improved YAML
+  cpu_check.py    the cost model checked on this CPU against the mini LLaMA (notebook 12)
+  cli.py          the command line
+Copy the whole `doctor/` folder (with `memory.py` beside it for memory, `metrics.py` for the cpu profile).
+
+What the model leaves out: kernel efficiency that varies with shape (grouped-GEMM experts, small TP shards),
+fine_grain_interleave and micro_batch_interleave_num overlap, expert load imbalance, data loading, host launch
+overhead, contention. It ranks layouts and says how far off it was on published configs; measure.
+"""
+from __future__ import annotations
+
+import os
+
+from .calibration import (CALIBRATION, FIT_POINTS, GUIDE_SOURCE, Calibration, calibration_summary,
+                          calibration_table, family_of, family_summary, fit_calibration, fixture_dir,
+                          guide_13b_ranking, guide_13b_steps, kendall_tau, more_published, ranking_groups)
+from .cli import main, measured_run
+from .cost import (TERMS, flops_per_token, layer_ops, memory_per_stage, mtp_params, param_count, pattern_ops,
+                   stage_params, step_time)
+from .cpu_check import (CPU_ALLREDUCE_SIZES, CPU_CHECK_SET, CPU_FIT_SET, cpu_check, cpu_hardware,
+                        fit_cpu_calibration, measure_cpu_steps, mini_config, predict_cpu)
+from .describe import Config, DoctorError, Layout, Model, MoE
+from .hardware import HARDWARE, HARDWARE_NAMES, DoctorHardware, hardware
+from .published import PUBLISHED
+from .readers import ALIASES, dialect_of, load_yaml, parse_size, read_config, read_model, stage_split, with_layout
+from .report import diagnose, figures, load_with_mindformers, render_text, summary_json, write_outputs
+from .search import better_layouts, changed_keys
+
+_with = with_layout                 # the name the single-file doctor had
+CPU_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_worker.py")   # msrun's script

@@ -1,0 +1,217 @@
+"""Calibration, kept honest: the fitted constants, the fit, and the error on every published figure it did not see.
+
+The constants are fitted on the PUBLISHED rows whose role is "fit" (at most 4, no per-family constants); every
+other row is a check. `calibration_table` scores each figure against the YAML of its own branch;
+`family_summary` groups the errors by family (MoE rows in their own group); `ranking_groups` compares the
+predicted order of one model's layouts with the published order (Kendall's tau).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from .cost import memory_per_stage, step_time
+from .hardware import DoctorHardware, hardware
+from .published import PUBLISHED
+from .readers import read_config, with_layout
+
+
+@dataclass(frozen=True)
+class Calibration:
+    compute_efficiency: float            # achieved share of the peak on the matmul FLOPs
+    comm_time_factor: float              # exposed collective time / (bytes / link bandwidth): < 1 when part
+                                         # overlaps compute (fine_grain_interleave), > 1 when links fall short
+    fitted_on: tuple = ()
+
+    def row(self) -> dict:
+        return {"compute_efficiency": round(self.compute_efficiency, 4),
+                "comm_time_factor": round(self.comm_time_factor, 4), "fitted_on": ", ".join(self.fitted_on)}
+
+
+FIT_POINTS = tuple(p["file"] for p in PUBLISHED if p["role"] == "fit")
+# Values fit_calibration() returns on FIT_POINTS (tests/test_doctor.py re-fits and compares).
+CALIBRATION = Calibration(compute_efficiency=0.5992, comm_time_factor=1.2702, fitted_on=FIT_POINTS)
+
+
+def fixture_dir() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(os.path.dirname(os.path.dirname(here)), "tests", "data", "mindformers")
+
+
+def family_of(p: dict) -> str:
+    """The family a published row belongs to (its own "family", else read off the Llama file names)."""
+    if p.get("family"):
+        return p["family"]
+    f = p["file"]
+    return "llama3.1" if "llama3_1" in f else "llama3" if "llama3" in f else "llama2" if "llama2" in f else "?"
+
+
+def fit_calibration(data_dir: str | None = None) -> Calibration:
+    """Fit (compute_efficiency, comm_time_factor) so that the fit rows come out at their published tokens/s/p.
+
+    Two constants: the first fit row (no tensor parallel) sets the compute efficiency, the second (tensor
+    and pipeline parallel) the share of link bandwidth the collectives get. Nested bisection; nothing else
+    is looked at.
+    """
+    data_dir = data_dir or fixture_dir()
+    pts = [p for p in PUBLISHED if p["role"] == "fit"]
+    cfgs = [read_config(os.path.join(data_dir, p["file"])) for p in pts]
+    hws = [hardware(p["hw"]) for p in pts]
+
+    def eta_c_for(comm: float) -> float:
+        lo, hi = 0.05, 1.5
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            pred = step_time(cfgs[0], hws[0], Calibration(mid, comm))["tokens_per_s_per_device"]
+            lo, hi = (mid, hi) if pred < pts[0]["tokens_s_p"] else (lo, mid)
+        return (lo + hi) / 2
+
+    lo, hi = 0.02, 2.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        c = Calibration(eta_c_for(mid), mid)
+        pred = step_time(cfgs[1], hws[1], c)["tokens_per_s_per_device"]
+        lo, hi = (mid, hi) if pred < pts[1]["tokens_s_p"] else (lo, mid)
+    comm = (lo + hi) / 2
+    return Calibration(eta_c_for(comm), comm, fitted_on=tuple(p["file"] for p in pts))
+
+
+def calibration_table(data_dir: str | None = None, calib: Calibration = CALIBRATION,
+                      published: tuple = PUBLISHED) -> list[dict]:
+    """Predicted against published tokens/s/p for every published figure, with the error and the source."""
+    data_dir = data_dir or fixture_dir()
+    rows = []
+    for p in published:
+        cfg = read_config(os.path.join(data_dir, p["file"]))
+        st = step_time(cfg, hardware(p["hw"]), calib)
+        mem = memory_per_stage(cfg)
+        pred = st["tokens_per_s_per_device"]
+        rows.append({"config": p["file"], "hardware": p["hw"], "role": p["role"], "family": family_of(p),
+                     "moe": cfg.model.moe is not None, "published": p["tokens_s_p"], "predicted": round(pred),
+                     "error": pred / p["tokens_s_p"] - 1, "fits": mem["fits"],
+                     "memory_GiB": round(mem["memory_per_device_bytes"] / 2**30, 1),
+                     "budget_GiB": round(mem["budget_bytes"] / 2**30, 1) if mem["budget_bytes"] else None,
+                     "source": p["source"], "group": p.get("group"), "note": p.get("note", ""),
+                     "n_params": st["n_params"], "n_active_params": st["n_active_params"]})
+    return rows
+
+
+def calibration_summary(rows: list[dict]) -> dict:
+    """Median and largest |error| over the rows not used for fitting, and whether every config fits."""
+    errs = [abs(r["error"]) for r in rows if r["role"] != "fit"]
+    return {"n_checked": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs),
+            "all_fit": all(r["fits"] for r in rows)}
+
+
+def family_summary(rows: list[dict]) -> list[dict]:
+    """Per family (MoE families apart): checked rows, median and largest |error|, mean signed error."""
+    out = []
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        if r["role"] == "fit":
+            continue
+        groups.setdefault((r.get("moe", False), r["family"]), []).append(r)
+    for (moe, fam), rs in sorted(groups.items()):
+        errs = [r["error"] for r in rs]
+        out.append({"family": fam, "moe": moe, "n": len(rs), "median_abs_error": statistics.median(map(abs, errs)),
+                    "max_abs_error": max(map(abs, errs)), "mean_error": statistics.fmean(errs),
+                    "all_fit": all(r["fits"] for r in rs)})
+    return out
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau-a between two orderings of the same items (ties count as neither)."""
+    n = len(a)
+    if n < 2:
+        return float("nan")
+    s = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            x, y = (a[i] > a[j]) - (a[i] < a[j]), (b[i] > b[j]) - (b[i] < b[j])
+            s += x * y
+    return s / (n * (n - 1) / 2)
+
+
+def ranking_groups(rows: list[dict]) -> list[dict]:
+    """Every group of published figures of one model on different layouts or device counts: the predicted
+    order against the published one, and Kendall's tau. Rows name their group in PUBLISHED["group"]."""
+    groups: dict[str, list] = {}
+    for r in rows:
+        if r.get("group"):
+            groups.setdefault(r["group"], []).append(r)
+    out = []
+    for name, rs in groups.items():
+        if len(rs) < 2:
+            continue
+        pub, pred = [r["published"] for r in rs], [r["predicted"] for r in rs]
+        out.append({"group": name, "rows": rs, "kendall_tau": kendall_tau(pub, pred),
+                    "published_order": sorted(range(len(rs)), key=lambda i: -pub[i]),
+                    "predicted_order": sorted(range(len(rs)), key=lambda i: -pred[i])})
+    return out
+
+
+# ---------------------------------------------------------------- the 13B tuning case of MindSpore's guide
+GUIDE_SOURCE = ("MindSpore Transformers 'Large Model Performance Optimization Guide', section 'Llama2-13B Extreme "
+                "Performance Optimization' (mindspore-ai/docs, docs/mindformers/docs/source_en/perf_optimize/"
+                "perf_optimize.md, commit 0802b2b0; https://www.mindspore.cn/mindformers/docs/en/r1.3.0/"
+                "perf_optimize/perf_optimize.html)")
+_FINE = ['feed_forward\\.mul', 'feed_forward\\.w1\\.activation', 'feed_forward\\.w1\\.reshape',
+         'feed_forward\\.w1\\.matmul', 'feed_forward\\.w3\\.matmul', 'feed_forward\\.W3\\.reshape',
+         'feed_forward\\.w2\\.matmul', 'feed_forward\\.w2\\.reshape', 'ffn_norm\\.norm', 'ffn_norm\\.rcast',
+         'attention_norm\\.norm', 'attention_norm\\.rcast', 'attention\\.wq\\.reshape', 'attention\\.wk\\.reshape',
+         'attention\\.wv\\.reshape', 'attention\\.wo\\.matmul', 'attention\\.wo\\.reshape',
+         'attention\\.merger_head_transpose', 'add', 'attention\\.flash attention']
+_SILU_MUL = ['feed_forward\\.mul', 'feed_forward\\.w1\\.activation', 'feed_forward\\.w1\\.reshape',
+             'feed_forward\\.w2\\.reshape']
+_STAGED = {p: ([20, 8] if p in ('feed_forward\\.mul', 'feed_forward\\.w1\\.activation',
+                                'feed_forward\\.w1\\.reshape') else [20, 0]) for p in _FINE}
+
+
+def guide_13b_steps(base: Any) -> list[dict]:
+    """The guide's Llama 2 13B steps as YAML dicts built from `base` (r1.2.0 pretrain_llama2_13b.yaml), with
+    the published tokens/s/p of each. The PP steps run on 2 nodes (16 cards) with micro_batch_num 128; the
+    guide gives no batch size for them, so batch_size 1 is assumed, and its max_device_memory 57.2GB is used."""
+    cfg = read_config(base)
+    pp2 = dict(pipeline_stage=2, micro_batch_num=128, batch_size=1, gradient_accumulation_steps=1)
+    steps = [("dp8 mp1 pp1, full recompute (8 cards)", 1860, {}),
+             ("dp8 mp1 pp2 micro 128, full recompute (16 cards)", 2136, dict(pp2, recompute=True, select_recompute=False)),
+             ("pp2, select_recompute of a fine op list instead of full", 2189, dict(pp2, recompute=False, select_recompute=_FINE)),
+             ("pp2, per-stage select_recompute counts ([20, 8] / [20, 0])", 2210, dict(pp2, recompute=False, select_recompute=_STAGED)),
+             ("pp2, full recompute [13, 5] + SiLU/Mul select", 2353, dict(pp2, recompute=[13, 5], select_recompute=_SILU_MUL)),
+             ("pp2, full recompute [4, 0] + SiLU/Mul select", 2562, dict(pp2, recompute=[4, 0], select_recompute=_SILU_MUL))]
+    out = []
+    for name, pub, kw in steps:
+        c = with_layout(cfg, **kw) if kw else cfg
+        d = copy.deepcopy(c.raw)
+        if kw:
+            d.setdefault("context", {})["max_device_memory"] = "57.2GB"
+        out.append({"step": name, "published": pub, "yaml": d})
+    return out
+
+
+def guide_13b_ranking(base: Any, hw: DoctorHardware | None = None, calib: Calibration = CALIBRATION) -> list[dict]:
+    """Predicted tokens/s/p of each guide step, in the guide's order, with the published figure and memory."""
+    hw = hw or hardware("atlas-800t-a2")
+    rows = []
+    for s in guide_13b_steps(base):
+        c = read_config(s["yaml"])
+        st = step_time(c, hw, calib)
+        m = memory_per_stage(c)
+        rows.append({"step": s["step"], "published": s["published"], "predicted": round(st["tokens_per_s_per_device"]),
+                     "error": st["tokens_per_s_per_device"] / s["published"] - 1,
+                     "memory_GiB": round(m["memory_per_device_bytes"] / 2**30, 1), "fits": m["fits"]})
+    return rows
+
+
+def more_published(data_dir: str | None = None) -> tuple:
+    """Rows of tests/data/mindformers/published_more.json (other families), role "check", when present."""
+    path = os.path.join(data_dir or fixture_dir(), "published_more.json")
+    if not os.path.isfile(path):
+        return ()
+    with open(path) as f:
+        rows = json.load(f)
+    return tuple(dict(r, role=r.get("role", "check")) for r in rows)

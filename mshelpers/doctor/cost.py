@@ -1,0 +1,347 @@
+"""The cost model: what a `Model` costs on a `Layout` and a device. It never sees a YAML.
+
+  flops     forward FLOPs per token of each layer's ops, PaLM's count (2 per multiply-add of every matmul,
+            attention 2*s*(q + v) per token): GQA/MHA projections; MLA's low-rank projections (DeepSeek-V2/V3:
+            q_a/q_b, kv_a/kv_b, o); the SwiGLU FFN; a MoE layer's router, its top_k routed experts and its
+            shared experts (a token's FLOPs are those of its active experts); the LM head; MTP modules.
+  params    total and active (a MoE token sees top_k routed experts) parameters; MTP modules apart, as the
+            models' own cards count them (DeepSeek-V3: 671B total, 37B active, MTP excluded).
+  step      compute of the bottleneck stage (3 + recompute forwards), TP/SP collectives, MoE all-to-all
+            (dispatch + combine, forward and backward, over EP ranks), context parallel (ring: K/V passed
+            cp - 1 times; Ulysses: 4 all-to-alls of q, k, v, o), pipeline sends (x VPP chunks), the 1F1B
+            bubble (/ VPP), the exposed DP reduction (or FSDP gathers), the optimizer update.
+  memory    per stage: params, grads and optimizer states (experts sharded over max(ep, tp)), activations
+            (Korthikanti et al. 2022 via mshelpers.memory.activation_bytes_per_layer; a MoE layer stores its
+            top_k expert inputs and activations), 1F1B in-flight micro-batches (interleaved: Narayanan et al.
+            2021's (1 + (p - 1)/(p v)) factor), logits on the last stage.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .describe import Config, Model, _sibling
+
+
+# ---------------------------------------------------------------- FLOPs and parameters
+def attention_params(m: Model) -> int:
+    h = m.hidden
+    if m.attention == "mla":
+        q = (h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * m.q_width) if m.q_lora_rank else h * m.q_width
+        kv = h * (m.kv_lora_rank + m.qk_rope_dim) + m.kv_lora_rank + \
+            m.kv_lora_rank * m.heads * (m.qk_nope_dim + m.v_head_dim)
+        return q + kv + m.v_width * h
+    q, kvw = m.heads * m.head_dim, m.kv_heads * m.head_dim
+    return h * q + 2 * h * kvw + q * h + ((q + 2 * kvw) if m.qkv_bias else 0)
+
+
+def ffn_params(m: Model, i: int, active: bool = False) -> int:
+    """FFN parameters of layer i (dense SwiGLU, or router + routed experts + shared experts)."""
+    h = m.hidden
+    if m.moe is None or not m.moe.is_moe_layer(i):
+        return 3 * h * m.ffn
+    e = m.moe
+    routed = e.top_k if active else e.routed
+    return h * e.routed + routed * 3 * h * e.expert_ffn + 3 * h * e.shared_ffn
+
+
+def expert_params(m: Model, i: int) -> int:
+    """Routed-expert parameters of layer i (those EP shards)."""
+    if m.moe is None or not m.moe.is_moe_layer(i):
+        return 0
+    return m.moe.routed * 3 * m.hidden * m.moe.expert_ffn
+
+
+def layer_params(m: Model, i: int, active: bool = False) -> int:
+    return attention_params(m) + ffn_params(m, i, active) + 2 * m.hidden
+
+
+def param_count(cfg_or_model: Any, active: bool = False) -> int:
+    """Whole-model parameters (active=True: with top_k of the routed experts): embedding, lm_head (unless
+    tied), layers, final norm. MTP modules are not counted (see `mtp_params`)."""
+    m = cfg_or_model.model if isinstance(cfg_or_model, Config) else cfg_or_model
+    emb = m.vocab * m.hidden * (1 if m.tied else 2)
+    return emb + sum(layer_params(m, i, active) for i in range(m.layers)) + m.hidden
+
+
+def mtp_params(m: Model) -> int:
+    """Parameters of the MTP modules: per depth one layer (MoE like the last), eh_proj (2h x h) and norms."""
+    return m.mtp * (layer_params(m, m.layers - 1) + 2 * m.hidden * m.hidden + 3 * m.hidden)
+
+
+def layer_ops(m: Model, i: int) -> dict[str, float]:
+    """Forward FLOPs per token of layer i's ops before any split (names select_recompute patterns match)."""
+    h, s = m.hidden, m.seq
+    if m.attention == "mla":
+        wq = 2 * (h * m.q_lora_rank + m.q_lora_rank * m.q_width) if m.q_lora_rank else 2 * h * m.q_width
+        ops = {"wq": wq, "wk": 2 * h * (m.kv_lora_rank + m.qk_rope_dim),
+               "wv": 2 * m.kv_lora_rank * m.heads * (m.qk_nope_dim + m.v_head_dim), "wo": 2 * m.v_width * h}
+    else:
+        q, kvw = m.heads * m.head_dim, m.kv_heads * m.head_dim
+        ops = {"wq": 2 * h * q, "wk": 2 * h * kvw, "wv": 2 * h * kvw, "wo": 2 * q * h}
+    ops["attention"] = 2 * s * (m.q_width + m.v_width)          # QK^T and attention x V (PaLM: 4*s*q for MHA)
+    if m.moe is not None and m.moe.is_moe_layer(i):
+        e = m.moe
+        width = e.top_k * e.expert_ffn + e.shared_ffn
+        ops.update(router=2 * h * e.routed, w1=2 * h * width, w3=2 * h * width, w2=2 * width * h)
+    else:
+        ops.update(w1=2 * h * m.ffn, w3=2 * h * m.ffn, w2=2 * m.ffn * h)
+    return ops
+
+
+def head_flops(m: Model) -> float:
+    """Forward FLOPs per token of the LM head, and of the MTP modules (each: a layer, eh_proj and a head)."""
+    one = 2 * m.vocab * m.hidden
+    mtp = m.mtp * (sum(layer_ops(m, m.layers - 1).values()) + 2 * 2 * m.hidden * m.hidden + one)
+    return one + mtp
+
+
+def flops_per_token(m: Model) -> dict[str, float]:
+    """Model FLOPs per token, fwd + bwd: 6N (N active, Kaplan), 6N + attention (PaLM appendix B), and the
+    count the cost model uses (3 x its forward, MTP included)."""
+    n = param_count(m, active=True)
+    attn = 3 * sum(layer_ops(m, i)["attention"] for i in range(m.layers))
+    fwd = sum(sum(layer_ops(m, i).values()) for i in range(m.layers)) + head_flops(m)
+    return {"6n": 6 * n, "palm": 6 * n + attn, "model": 3 * fwd}
+
+
+_OP_NAMES = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
+_MCORE = {"linear_q": "wq", "linear_qkv": "wq wk wv", "linear_kv": "wk wv", "linear_proj": "wo", "linear_fc1": "w1 w3",
+          "linear_fc2": "w2", "q_proj": "wq", "k_proj": "wk", "v_proj": "wv", "o_proj": "wo", "gate_proj": "w1",
+          "up_proj": "w3", "down_proj": "w2"}
+
+
+def pattern_ops(pattern: str) -> list[str]:
+    """The matmul ops a select_recompute pattern names (elementwise ops cost no matmul FLOPs)."""
+    p = pattern.lower().replace("\\", "")
+    if "flash" in p or "core_attention" in p:
+        return ["attention"]
+    found = [op for mc, ops in _MCORE.items() if mc in p for op in ops.split()]
+    if found:
+        return sorted(set(found))
+    if "matmul" not in p:
+        return []
+    return [op for op in _OP_NAMES if re.search(rf"\b{op}", p)]
+
+
+# ---------------------------------------------------------------- the layout's pieces
+def stage_layer_ids(cfg: Config) -> list[list[int]]:
+    """Layer ids per stage (consecutive; VPP chunks keep their per-stage totals)."""
+    out, start = [], 0
+    for n in cfg.layout.stage_layers:
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def expert_shard(cfg: Config) -> int:
+    """Ranks one layer's routed experts are split over: EP ranks, or the TP ranks when EP is smaller."""
+    return max(cfg.layout.ep, cfg.layout.tp)
+
+
+def stage_params(cfg: Config, i: int) -> tuple[float, float]:
+    """(dense, expert) parameters on one device of stage i."""
+    m, lay = cfg.model, cfg.layout
+    ids = stage_layer_ids(cfg)[i]
+    expert = sum(expert_params(m, j) for j in ids)
+    dense = sum(layer_params(m, j) for j in ids) - expert
+    dense = dense / lay.tp
+    if i == 0:
+        dense += m.vocab * m.hidden / (1 if lay.vocab_emb_dp else lay.tp)
+    if i == lay.pp - 1:
+        dense += (0 if m.tied and lay.pp == 1 else m.vocab * m.hidden / lay.tp) + m.hidden
+        if m.mtp:
+            mtp_expert = m.mtp * expert_params(m, m.layers - 1)
+            expert += mtp_expert
+            dense += (mtp_params(m) - mtp_expert) / lay.tp
+    return dense, expert / expert_shard(cfg)
+
+
+def _group_bw(hw: Any, span: int, n: int) -> tuple[float, float]:
+    """Per-device bandwidth and latency of a collective over n ranks spread over `span` consecutive ranks."""
+    if span <= hw.devices_per_node:
+        return hw.intra_link_bytes_per_s * min(max(n - 1, 1), hw.links_per_device), hw.intra_latency_s
+    return hw.inter_bytes_per_s, hw.inter_latency_s
+
+
+# ---------------------------------------------------------------- step time
+def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
+    """The step decomposed (seconds per optimizer step on the bottleneck device) and what follows from it.
+
+    Keys: compute_s, tp_s, ep_s (MoE all-to-all), cp_s (context parallel), p2p_s, bubble_s, dp_s (exposed),
+    dp_total_s, dp_hidden_s, optimizer_s, step_s (their sum), tokens_per_s_per_device, n_params,
+    n_active_params, mfu_6n, mfu_attention, mfu_hardware, peak_flops, per_stage_s, bottleneck_stage,
+    recompute_factor (hardware / model FLOPs), global_batch, micro_batches.
+    """
+    if calib is None:
+        calib = _sibling_calibration()
+    m, lay = cfg.model, cfg.layout
+    tokens_micro = lay.batch * lay.interleave * m.seq / lay.cp     # tokens of one micro-batch on one device
+    peak = hw.peak(lay.compute_dtype)
+    rate = peak * calib.compute_efficiency
+    eff_comm = calib.comm_time_factor
+    act_bytes = tokens_micro * m.hidden * 2
+    tp_bw, tp_lat = _group_bw(hw, lay.tp, lay.tp)
+    ep_bw, ep_lat = _group_bw(hw, lay.ep, lay.ep)
+    cp_span = lay.cp * lay.tp * lay.dp
+    cp_bw, cp_lat = _group_bw(hw, cp_span if lay.cp > 1 else 1, lay.cp)
+    ids = stage_layer_ids(cfg)
+    per_stage, comp, tps, eps, cps, p2ps, hw_flops_total = [], [], [], [], [], [], 0.0
+    for i in range(lay.pp):
+        ops = [layer_ops(m, j) for j in ids[i]]
+        fwd = sum(sum(o.values()) for o in ops) + (head_flops(m) if i == lay.pp - 1 else 0)
+        n_full = lay.full_recompute[i]
+        rec = sum(sum(o.values()) for o in ops[:n_full])
+        for pat, k in lay.select_ops[i]:
+            names = pattern_ops(pat)
+            rec += sum(sum(o.get(n, 0) for n in names) for o in ops[n_full:n_full + k])
+        flops = tokens_micro * (3 * fwd + rec) / lay.tp
+        hw_flops_total += flops * lay.tp * lay.dp * lay.cp
+        c = flops / rate
+        n = len(ids[i])
+        t = 0.0
+        if lay.tp > 1:
+            n_coll = 8 * n + 4 * n_full + (2 if i == 0 and not lay.vocab_emb_dp else 0)
+            t = n_coll * ((lay.tp - 1) / lay.tp * act_bytes / (tp_bw * eff_comm) + tp_lat)
+        e = 0.0
+        moe_layers = [j for j in ids[i] if m.moe is not None and m.moe.is_moe_layer(j)]
+        if moe_layers and lay.ep > 1:
+            local = tokens_micro / (lay.tp if lay.seq_parallel else 1)
+            a2a = local * m.moe.top_k * m.hidden * 2 * (lay.ep - 1) / lay.ep
+            n_a2a = 4 * len(moe_layers) + 2 * sum(1 for j in moe_layers if j - ids[i][0] < n_full)
+            e = n_a2a * (a2a / (ep_bw * eff_comm) + ep_lat)
+        x = 0.0
+        if lay.cp > 1:
+            if lay.cp_kind == "ulysses":
+                one = act_bytes * (lay.cp - 1) / lay.cp / (cp_bw * eff_comm) + cp_lat
+                x = (8 * n + 4 * n_full) * one
+            else:
+                kv = tokens_micro * (m.kv_heads * m.head_dim if m.attention != "mla" else m.kv_lora_rank + m.qk_rope_dim)
+                one = 2 * kv * 2 / (cp_bw * eff_comm) + cp_lat            # K and V of the local chunk, 16-bit
+                x = (lay.cp - 1) * one * (3 * n + n_full)                 # forward, backward x2, recompute
+        p = 0.0
+        if lay.pp > 1:
+            span = 2 * lay.dp * lay.tp * lay.cp                           # neighbouring stages are that many ranks apart
+            bw, lat = (hw.intra_link_bytes_per_s, hw.intra_latency_s) if span <= hw.devices_per_node else \
+                (hw.inter_bytes_per_s, hw.inter_latency_s)
+            sent = act_bytes / (lay.tp if lay.seq_parallel else 1)
+            p = 2 * lay.vpp * (sent / (bw * eff_comm) + lat)
+        comp.append(c), tps.append(t), eps.append(e), cps.append(x), p2ps.append(p)
+        per_stage.append(c + t + e + x + p)
+    b = max(range(lay.pp), key=lambda k: per_stage[k])
+    nm = lay.n_micro
+    compute_s, tp_s, ep_s, cp_s, p2p_s = nm * comp[b], nm * tps[b], nm * eps[b], nm * cps[b], nm * p2ps[b]
+    bubble_s = (sum(per_stage) - per_stage[b]) / lay.vpp                # 1F1B fill + drain; interleaved: / v
+    dense, expert = stage_params(cfg, b)
+    local = dense + expert
+    dp_total = dp_exposed_part = 0.0
+    fwd_share = 1.0 / (3 + lay.full_recompute[b] / max(lay.stage_layers[b], 1))
+    window = comp[b] * (1 - fwd_share) * hw.dp_overlap                  # the last micro-batch's backward
+    if lay.dp > 1:
+        bw, lat = _group_bw(hw, lay.dp * lay.tp * lay.cp, lay.dp)
+        one = (lay.dp - 1) / lay.dp * local * lay.param_bytes / bw * eff_comm + lat
+        if lay.optimizer_shard == "fsdp":
+            # parameters gathered before forward and backward of every micro-batch's layers, gradients
+            # reduce-scattered once: prefetched behind the compute of the layer before
+            dp_total = (2 * nm + 1) * one
+            window = (compute_s + tp_s) * hw.dp_overlap
+        else:
+            dp_total = 2 * one      # reduce-scatter + all-gather (parallel optimizer), or one all-reduce
+            # the parallel optimizer's parameter all-gather comes after the update, before the next forward
+            dp_exposed_part = one if lay.optimizer_shard == "po" else 0.0
+    dp_s = dp_exposed_part + max(0.0, dp_total - dp_exposed_part - window)
+    sharded = local / (lay.dp if lay.parallel_optimizer else 1)
+    optimizer_s = sharded * (4 * lay.param_bytes + 16) / hw.hbm_bytes_per_s
+    step = compute_s + tp_s + ep_s + cp_s + p2p_s + bubble_s + dp_s + optimizer_s
+    tokens = lay.global_batch * m.seq
+    tps_dev = tokens / (step * lay.devices)
+    f = flops_per_token(m)
+    hw_per_token = hw_flops_total * nm / tokens
+    return {"compute_s": compute_s, "tp_s": tp_s, "ep_s": ep_s, "cp_s": cp_s, "p2p_s": p2p_s, "bubble_s": bubble_s,
+            "dp_s": dp_s, "dp_total_s": dp_total, "dp_hidden_s": dp_total - dp_s, "optimizer_s": optimizer_s,
+            "step_s": step, "tokens_per_s_per_device": tps_dev, "n_params": param_count(m),
+            "n_active_params": param_count(m, active=True),
+            "mfu_6n": f["6n"] * tps_dev / peak, "mfu_attention": f["palm"] * tps_dev / peak,
+            "mfu_hardware": hw_per_token * tps_dev / peak, "peak_flops": peak,
+            "per_stage_s": per_stage, "bottleneck_stage": b, "recompute_factor": hw_per_token / f["palm"],
+            "global_batch": lay.global_batch, "micro_batches": nm}
+
+
+TERMS = (("compute_s", "compute"), ("tp_s", "TP/SP collectives"), ("ep_s", "MoE all-to-all (EP)"),
+         ("cp_s", "context parallel"), ("p2p_s", "pipeline point-to-point"), ("bubble_s", "pipeline bubble"),
+         ("dp_s", "DP reduction, exposed"), ("optimizer_s", "optimizer update"))
+
+
+def _sibling_calibration():
+    from .calibration import CALIBRATION
+    return CALIBRATION
+
+
+# ---------------------------------------------------------------- memory
+def memory_per_stage(cfg: Config) -> dict[str, Any]:
+    """Peak bytes per device of each pipeline stage, against the budget, with the largest stage's breakdown
+    (params, grads, optimizer_states, activations, grad_accum_buffer)."""
+    mem = _sibling("memory")
+    m, lay = cfg.model, cfg.layout
+    ids = stage_layer_ids(cfg)
+    pb = lay.param_bytes
+    bpv = 2 if lay.compute_dtype in ("float16", "bfloat16") else 4
+    seq = m.seq // lay.cp
+    accum = lay.grad_accum > 1 or (lay.pp > 1 and lay.micro > 1)
+    replicas_expert = max(1, lay.dp * lay.tp // expert_shard(cfg))
+    totals, parts = [], []
+    for i in range(lay.pp):
+        dense, expert = stage_params(cfg, i)
+        po = lay.parallel_optimizer
+        fsdp = lay.optimizer_shard == "fsdp" and lay.dp > 1
+        dshard, eshard = (lay.dp, replicas_expert) if po else (1, 1)
+        params = pb * (dense / dshard + expert / eshard) if (po or fsdp) else pb * (dense + expert)
+        grads = pb * ((dense / lay.dp + expert / replicas_expert) if fsdp else dense + expert)
+        states = lay.state_bytes * (dense / dshard + expert / eshard)
+        buffer = grads if accum else 0
+        if accum and lay.shard_accum and po:
+            buffer = grads / lay.dp
+        inflight = min(lay.pp - i, lay.micro) if lay.pp > 1 else 1
+        if lay.vpp > 1 and lay.pp > 1:
+            inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
+        n = len(ids[i])
+        full = lay.full_recompute[i]
+        sel = max((k for _, k in lay.select_ops[i]), default=0)
+        per_layer = []
+        for j_pos, j in enumerate(ids[i]):
+            mode = "full" if j_pos < full else "selective" if j_pos < full + sel else "none"
+            per_layer.append((mode, _layer_activation(mem, m, lay, j, seq, mode, bpv)))
+        stored = sum(b for _, b in per_layer)
+        working = 0
+        if full or sel:
+            j = ids[i][0] if ids[i] else 0
+            working = _layer_activation(mem, m, lay, j, seq, "none", bpv) - min(b for _, b in per_layer)
+        if lay.swap and n:
+            stored = sum(sorted((b for _, b in per_layer), reverse=True)[:2])   # two layers on device, the rest offloaded
+        out_act = 0
+        if i == lay.pp - 1:
+            out_act = mem.output_activation_bytes(seq, lay.batch, m.vocab, tp=lay.tp, bytes_per_value=bpv) * (1 + m.mtp)
+        activations = stored * inflight + working + out_act
+        total = params + grads + states + buffer + activations
+        totals.append(int(total))
+        parts.append({"params": int(params), "grads": int(grads), "optimizer_states": int(states),
+                      "activations": int(activations), "grad_accum_buffer": int(buffer)})
+    peak = max(range(lay.pp), key=lambda k: totals[k])
+    budget = cfg.budget_bytes
+    return {"per_stage_bytes": totals, "memory_per_device_bytes": totals[peak], "stage": peak,
+            "budget_bytes": budget, "fits": None if budget is None else totals[peak] <= budget,
+            "headroom_bytes": None if budget is None else budget - totals[peak], "breakdown": parts[peak],
+            "per_stage_breakdown": parts}
+
+
+def _layer_activation(mem: Any, m: Model, lay: Any, j: int, seq: int, mode: str, bpv: int) -> int:
+    """Activation bytes one layer keeps (Korthikanti's count, mindformers' LLaMA block; a MoE layer as a
+    SwiGLU of width top_k * expert_ffn + shared_ffn, plus its top_k copies of the expert inputs)."""
+    ffn = m.ffn
+    if m.moe is not None and m.moe.is_moe_layer(j):
+        e = m.moe
+        ffn = e.top_k * e.expert_ffn + e.shared_ffn + e.top_k * m.hidden // 4
+    kv = m.heads if m.attention == "mla" else m.kv_heads
+    return mem.activation_bytes_per_layer(seq, lay.batch, m.hidden, m.heads, tp=lay.tp,
+                                          sequence_parallel=lay.seq_parallel, recompute=mode, bytes_per_value=bpv,
+                                          flash_attention=m.flash, num_kv_heads=kv, ffn_hidden_size=ffn, arch="llama")

@@ -1,0 +1,163 @@
+"""The doctor's vocabulary: one model description, one layout description, and the error it raises.
+
+Every reader (r1.x legacy, 1.x mcore static, 2.x PyNative) maps a file into a `Model` and a `Layout`;
+the cost model, the search and the report read only these, never a YAML. `Config` carries the two
+with the budget, the dialect and the parsed file (kept so an improved YAML changes only the keys it must).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _sibling(module: str, *names: str) -> Any:
+    """A sibling cookbook module (or names from it), imported when a function needs it: mshelpers.<module>
+    inside the package, plain <module> when the `doctor/` folder was copied beside the modules it needs."""
+    import importlib
+    parent = (__package__ or "").rpartition(".")[0]
+    mod = importlib.import_module(f"{parent}.{module}" if parent else module)
+    got = tuple(getattr(mod, n) for n in names)
+    return mod if not names else got[0] if len(names) == 1 else got
+
+
+class DoctorError(ValueError):
+    """Bad input, said in one line: which field, what value, and the fix."""
+
+    def __init__(self, field_name: str, value: Any, fix: str):
+        self.field, self.value, self.fix = field_name, value, fix
+        text = repr(value)
+        if len(text) > 120:
+            text = text[:117] + "..."
+        super().__init__(f"{field_name}={text}; fix: {fix}")
+
+
+@dataclass(frozen=True)
+class MoE:
+    """Mixture of experts: routed experts (top_k of them per token), shared experts, dense first layers."""
+    routed: int                     # routed experts per MoE layer
+    top_k: int                      # experts each token is sent to
+    expert_ffn: int                 # SwiGLU width of one routed expert
+    shared: int = 0                 # shared experts (every token goes through them)
+    shared_ffn: int = 0             # total SwiGLU width of the shared experts
+    first_dense: int = 0            # the first k layers are dense (DeepSeek's first_k_dense_replace)
+    every: int = 1                  # one MoE layer every `every` layers after the dense ones (moe_layer_freq)
+
+    def is_moe_layer(self, i: int) -> bool:
+        return i >= self.first_dense and (i - self.first_dense) % self.every == 0
+
+
+@dataclass(frozen=True)
+class Model:
+    """What the model is, in the terms the cost model needs (Hugging Face names in comments)."""
+    name: str                       # model_type / architecture, as the file names it
+    layers: int                     # num_hidden_layers / num_layers
+    hidden: int                     # hidden_size
+    heads: int                      # num_attention_heads
+    kv_heads: int                   # num_key_value_heads (GQA; = heads for MHA)
+    head_dim: int                   # head_dim (h / heads unless given)
+    ffn: int                        # dense SwiGLU width (intermediate_size / ffn_hidden_size)
+    vocab: int
+    seq: int
+    tied: bool = False              # tie_word_embeddings: one matrix for embedding and lm_head
+    attention: str = "gqa"          # "mha" | "gqa" | "mla"
+    q_lora_rank: int = 0            # MLA (DeepSeek-V2/V3): 0 = a full-rank query projection
+    kv_lora_rank: int = 0
+    qk_nope_dim: int = 0
+    qk_rope_dim: int = 0
+    v_head_dim: int = 0
+    moe: MoE | None = None
+    mtp: int = 0                    # multi-token-prediction depth (num_nextn_predict_layers / mtp_num_layers)
+    flash: bool = True
+    qkv_bias: bool = False
+
+    @property
+    def q_width(self) -> int:
+        """Query width over all heads (MLA: nope + rope per head)."""
+        return self.heads * (self.qk_nope_dim + self.qk_rope_dim if self.attention == "mla" else self.head_dim)
+
+    @property
+    def v_width(self) -> int:
+        return self.heads * (self.v_head_dim if self.attention == "mla" else self.head_dim)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the model is laid out and trained: parallel degrees, batches, recompute, precision."""
+    dp: int = 1
+    tp: int = 1                     # model_parallel / tensor_parallel
+    pp: int = 1
+    ep: int = 1                     # expert parallel, carved out of dp x tp (mindformers)
+    cp: int = 1                     # context parallel
+    cp_kind: str = "ring"           # "ring" (P2P of K/V) or "ulysses" (all-to-all of heads)
+    vpp: int = 1                    # virtual pipeline chunks per stage (pp_interleave_num)
+    micro: int = 1                  # pipeline micro-batches per step (pp > 1)
+    batch: int = 1                  # sequences per micro-batch per dp rank
+    grad_accum: int = 1
+    interleave: int = 1             # micro_batch_interleave_num
+    seq_parallel: bool = False
+    optimizer_shard: str = "none"   # "none" | "po" (MindSpore's parallel optimizer) | "fsdp" (params, grads, states)
+    vocab_emb_dp: bool = True
+    shard_accum: bool = False       # parallel_optimizer_config.gradient_accumulation_shard
+    stage_layers: tuple = (1,)      # layers per pipeline stage (over its VPP chunks)
+    full_recompute: tuple = (0,)    # fully recomputed layers per stage
+    select_ops: tuple = ((),)       # per stage: ((op pattern, layers), ...)
+    swap: bool = False              # activations offloaded to host (swap / layer_swap)
+    compute_dtype: str = "float16"
+    param_bytes: int = 2
+    state_bytes: int = 8            # optimizer bytes per parameter (Adam: two fp32 moments)
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def n_micro(self) -> int:
+        """Micro-batches per optimizer step and stage: gradient accumulation x pipeline micro-batches."""
+        return self.grad_accum * (self.micro if self.pp > 1 else 1)
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch * self.dp * self.n_micro * self.interleave
+
+    @property
+    def parallel_optimizer(self) -> bool:
+        return self.optimizer_shard != "none" and self.dp > 1
+
+
+_MODEL_NAMES = {"hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "seq", "flash"}
+_LAYOUT_NAMES = {"dp", "pp", "micro", "batch", "grad_accum", "interleave", "seq_parallel", "vocab_emb_dp",
+                 "compute_dtype", "param_bytes", "stage_layers", "full_recompute", "select_ops", "devices",
+                 "n_micro", "global_batch", "parallel_optimizer", "ep", "cp", "vpp"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """A read file: the model, the layout, the memory budget, the dialect, and the parsed file itself."""
+    model: Model
+    layout: Layout
+    budget_bytes: int | None
+    dialect: str                    # "r1.x", "mcore", "pynative"
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+    notes: tuple = ()               # what the reader assumed (a derived dp, a merged config.json, ...)
+
+    # the flat names of the single-dataclass doctor, kept for code written against it
+    def __getattr__(self, name: str) -> Any:
+        if name in _MODEL_NAMES:
+            return getattr(self.model, name)
+        if name in _LAYOUT_NAMES:
+            return getattr(self.layout, name)
+        if name == "mp":
+            return self.layout.tp
+        if name == "layout_name":
+            return self.dialect
+        raise AttributeError(name)
+
+    def layout_dict(self) -> dict:
+        """The layout as mindformers' r1.x names (for the report, --json and the search's change lists)."""
+        lay = self.layout
+        return {"data_parallel": lay.dp, "model_parallel": lay.tp, "pipeline_stage": lay.pp,
+                "expert_parallel": lay.ep, "context_parallel": lay.cp, "pp_interleave_num": lay.vpp,
+                "micro_batch_num": lay.micro, "gradient_accumulation_steps": lay.grad_accum,
+                "batch_size": lay.batch, "use_seq_parallel": lay.seq_parallel,
+                "optimizer_shard": lay.optimizer_shard, "recompute": list(lay.full_recompute),
+                "select_recompute": [[list(p) for p in st] for st in lay.select_ops]}

@@ -1,0 +1,325 @@
+"""The report: the verdict, the tables, the pictures, and the improved YAML."""
+from __future__ import annotations
+
+import copy
+import os
+import re
+from dataclasses import replace
+from typing import Any
+
+from .calibration import CALIBRATION, Calibration
+from .cost import TERMS, memory_per_stage, mtp_params, param_count, step_time
+from .describe import DoctorError
+from .hardware import hardware
+from .readers import read_config
+from .search import better_layouts
+
+def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: int | None = None,
+             budget: Any = None, calib: Calibration = CALIBRATION, search: bool = True,
+             model_config: Any = None) -> dict[str, Any]:
+    """Everything the CLI prints, as a dict: config, memory, step terms, MFU, layouts, verdict."""
+    hw = hardware(hardware_name)
+    if devices is not None and (not isinstance(devices, int) or isinstance(devices, bool) or devices <= 0):
+        raise DoctorError("--devices", devices, "a positive integer")
+    cfg = read_config(path_or_dict, budget=budget, model_config=model_config, devices=devices)
+    if devices is not None:
+        if not isinstance(devices, int) or devices <= 0:
+            raise DoctorError("--devices", devices, "a positive integer")
+        if devices != cfg.devices:
+            mpp = cfg.mp * cfg.pp * cfg.layout.cp
+            fix = (f"set parallel_config.data_parallel: {devices // mpp} (dp*mp*pp = {devices})" if devices % mpp == 0
+                   else f"use a device count that model_parallel*pipeline_stage = {mpp} divides")
+            raise DoctorError("parallel_config", f"dp*mp*pp*cp = {cfg.dp}*{cfg.mp}*{cfg.pp}*{cfg.layout.cp} = {cfg.devices} "
+                              f"on --devices {devices}", fix)
+    if cfg.budget_bytes is None:
+        cfg = replace(cfg, budget_bytes=int(hw.memory_bytes))
+    mem = memory_per_stage(cfg)
+    st = step_time(cfg, hw, calib)
+    layouts = better_layouts(cfg, hw, calib=calib) if search else []
+    best = layouts[0] if layouts else None
+    gain = best["tokens_per_s_per_device"] / st["tokens_per_s_per_device"] - 1 if best else 0.0
+    fits = bool(mem["fits"])
+    verdict = (f"{'FITS' if fits else 'DOES NOT FIT'}: largest stage {mem['memory_per_device_bytes'] / 2**30:.1f} GiB "
+               f"against {mem['budget_bytes'] / 2**30:.1f} GiB (headroom {mem['headroom_bytes'] / 2**30:+.1f} GiB); "
+               f"predicted {st['tokens_per_s_per_device']:.0f} tokens/s/p, MFU {st['mfu_6n']:.1%} (6N) on {hw.name}")
+    if not search:
+        verdict += "; layout search skipped"
+    elif best and not fits:
+        verdict += (f"; best change that fits: {best['layout']} ({_short(best['changes'])}) predicted "
+                    f"{best['tokens_per_s_per_device']} tokens/s/p")
+    elif best and gain > 0.005:
+        verdict += f"; best change: {best['layout']} ({_short(best['changes'])}) predicted {gain:+.1%}"
+    elif best:
+        verdict += "; no searched change predicts more than +0.5%"
+    else:
+        verdict += "; no searched layout fits"
+    return {"config": cfg, "hardware": hw, "memory": mem, "step": st, "layouts": layouts, "verdict": verdict,
+            "fits": fits, "best_gain": gain, "calibration": calib}
+
+
+def _short(changes: dict, n: int = 4) -> str:
+    items = [f"{k.split('.')[-1]}={v}" for k, v in changes.items()]
+    return ", ".join(items[:n]) + (", ..." if len(items) > n else "")
+
+
+def summary_json(r: dict) -> dict:
+    """The --json object: the figures, the layout, the step terms, and (with --log) the measured run."""
+    st, mem, cfg = r["step"], r["memory"], r["config"]
+    out = {"tokens_per_s_per_device": st["tokens_per_s_per_device"], "step_s": st["step_s"],
+           "mfu": st["mfu_6n"], "mfu_attention": st["mfu_attention"], "mfu_hardware": st["mfu_hardware"],
+           "n_params": st["n_params"], "n_active_params": st["n_active_params"],
+           "memory_per_device_bytes": mem["memory_per_device_bytes"], "per_stage_bytes": mem["per_stage_bytes"],
+           "budget_bytes": mem["budget_bytes"], "fits": r["fits"], "dialect": cfg.dialect,
+           "layout": {k: v for k, v in cfg.layout_dict().items() if k != "select_recompute"},
+           "hardware": r["hardware"].name, "terms_s": {k: st[k] for k, _ in TERMS},
+           "best_layout": r["layouts"][0]["layout"] if r["layouts"] else None, "best_gain": r["best_gain"],
+           "verdict": r["verdict"], "notes": list(cfg.notes)}
+    if r.get("log"):
+        out["log"] = {k: v for k, v in r["log"].items() if k not in ("records", "refit_layouts")}
+    return out
+
+
+def _model_line(cfg: Any) -> str:
+    m = cfg.model
+    n, act = param_count(m), param_count(m, active=True)
+    att = {"mla": f"MLA (q_lora {m.q_lora_rank}, kv_lora {m.kv_lora_rank}, rope {m.qk_rope_dim})",
+           "gqa": f"GQA ({m.kv_heads} kv heads)", "mha": "MHA"}[m.attention]
+    s = (f"{m.name}: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, {att}, vocab {m.vocab}, seq {m.seq}; "
+         f"{n / 1e9:.2f}B parameters")
+    if m.moe:
+        e = m.moe
+        s += (f", {act / 1e9:.2f}B active (MoE: {e.routed} routed experts, top {e.top_k}, {e.shared} shared, "
+              f"expert FFN {e.expert_ffn}, first {e.first_dense} layers dense)")
+    if m.mtp:
+        s += f"; MTP depth {m.mtp} (+{mtp_params(m) / 1e9:.2f}B, not counted above)"
+    return s
+
+
+def render_text(r: dict) -> str:
+    """The human report (Markdown): verdict first, then memory, step terms, MFU, layouts, sources."""
+    cfg, st, mem, hw, cal = r["config"], r["step"], r["memory"], r["hardware"], r["calibration"]
+    lay = cfg.layout
+    G = 2**30
+    extra = "".join(f", {k} {v}" for k, v in (("ep", lay.ep), ("cp", lay.cp), ("vpp", lay.vpp)) if v > 1)
+    L = ["# Config doctor", "", f"**{r['verdict']}**", "",
+         f"Model: {_model_line(cfg)}.", "",
+         f"Layout: dp {lay.dp} x tp {lay.tp} x pp {lay.pp}{' x cp ' + str(lay.cp) if lay.cp > 1 else ''} = "
+         f"{lay.devices} devices{extra}, micro-batch {lay.batch} x {lay.n_micro} micro-batches x dp -> global batch "
+         f"{lay.global_batch} of seq {cfg.model.seq}; {lay.compute_dtype}; optimizer sharding {lay.optimizer_shard}; "
+         f"file dialect {cfg.dialect}.", ""]
+    if cfg.notes:
+        L += ["Assumed by the reader:", ""] + [f"- {n}" for n in cfg.notes] + [""]
+    L += ["## Memory per pipeline stage", "",
+          "| stage | params GiB | grads GiB | optimizer GiB | activations GiB | total GiB | budget GiB | headroom GiB |",
+          "|---|---|---|---|---|---|---|---|"]
+    budget = mem["budget_bytes"] or 0
+    for i, (b, part) in enumerate(zip(mem["per_stage_bytes"], mem["per_stage_breakdown"])):
+        L.append(f"| {i} | {part['params'] / G:.2f} | {(part['grads'] + part['grad_accum_buffer']) / G:.2f} | "
+                 f"{part['optimizer_states'] / G:.2f} | {part['activations'] / G:.2f} | {b / G:.2f} | {budget / G:.2f} | "
+                 f"{(budget - b) / G:+.2f} |")
+    L += ["", "## Step time, decomposed (seconds per optimizer step)", "", "| term | s | share |", "|---|---|---|"]
+    for k, label in TERMS:
+        if k == "compute_s":
+            label = f"compute (bottleneck stage {st['bottleneck_stage']}, recompute factor {st['recompute_factor']:.2f})"
+        elif k == "dp_s":
+            label = (f"DP gradient reduction, exposed ({st['dp_total_s']:.3f} s total, {st['dp_hidden_s']:.3f} s "
+                     "hidden behind compute)")
+        elif k == "bubble_s":
+            label = f"pipeline bubble (1F1B fill/drain{', / VPP ' + str(lay.vpp) if lay.vpp > 1 else ''})"
+        L.append(f"| {label} | {st[k]:.3f} | {st[k] / st['step_s']:.1%} |")
+    L += [f"| **step** | **{st['step_s']:.3f}** | 100% |", "",
+          f"tokens/s per device: **{st['tokens_per_s_per_device']:.0f}**", "",
+          f"## MFU against {st['peak_flops'] / 1e12:.1f} TFLOPS ({lay.compute_dtype} peak of {hw.name})", "",
+          "| convention | MFU % |", "|---|---|",
+          f"| 6N (Kaplan; N = active parameters) | {st['mfu_6n']:.1%} |",
+          f"| 6N + attention (PaLM appendix B) | {st['mfu_attention']:.1%} |",
+          f"| hardware FLOPs (with recompute) | {st['mfu_hardware']:.1%} |", ""]
+    if r.get("log"):
+        L += _log_section(r["log"])
+    if r["layouts"]:
+        L += ["## Better layouts (top 5 under the budget, same devices and global batch)", "",
+              "| rank | layout | tokens/s/p | step s | memory GiB | changes |", "|---|---|---|---|---|---|"]
+        for row in r["layouts"]:
+            L.append(f"| {row['rank']} | {row['layout']} | {row['tokens_per_s_per_device']} | {row['step_s']} | "
+                     f"{row['memory_GiB']} | {_short(row['changes'], 8)} |")
+        L.append("")
+    L += ["## Where the figures come from", "",
+          f"- calibration: compute efficiency {cal.compute_efficiency:.4f} of peak, comm time factor {cal.comm_time_factor:.4f} "
+          f"(exposed collective time / datasheet link time), "
+          f"fitted on {', '.join(cal.fitted_on) or 'nothing'} only (see `calibration_table`)"]
+    L += [f"- {k}: {v}" for k, v in hw.sources.items()]
+    return "\n".join(L) + "\n"
+
+
+def _log_section(lg: dict) -> list[str]:
+    L = ["## Your run (--log)", "",
+         f"Read {lg['n_steps']} steps from {lg['path']} ({lg['format']}); steady steps used: {lg['n_used']} "
+         f"(first {lg['n_skipped']} left out).", "",
+         "| | tokens/s/p | MFU 6N | MFU with attention | MFU hardware |", "|---|---|---|---|---|",
+         f"| measured (median of steady steps) | {lg['measured_tokens_per_s_per_device']:.0f} | {lg['mfu_6n']:.1%} | "
+         f"{lg['mfu_attention']:.1%} | {lg['mfu_hardware']:.1%} |",
+         f"| doctor's prediction | {lg['predicted_tokens_per_s_per_device']:.0f} | | | |", "",
+         f"Prediction error: **{lg['error']:+.1%}** (predicted / measured - 1), measured quartiles "
+         f"{lg['measured_q1']:.0f}-{lg['measured_q3']:.0f} tokens/s/p; MFU against {lg['peak_flops'] / 1e12:.1f} "
+         f"TFLOPS ({lg['peak_source']}).", ""]
+    if lg.get("refit"):
+        rf = lg["refit"]
+        L += [f"Re-fitted on this run (the fit set: {lg['path']}): compute efficiency {rf['compute_efficiency']:.4f} "
+              f"(was {rf['was']:.4f}). Top layouts before and after:", "",
+              "| rank | before | after |", "|---|---|---|"]
+        for i in range(max(len(rf["before"]), len(rf["after"]))):
+            b = rf["before"][i] if i < len(rf["before"]) else ""
+            a = rf["after"][i] if i < len(rf["after"]) else ""
+            L.append(f"| {i + 1} | {b} | {a} |")
+        L.append("")
+    return L
+
+
+def _html(md: str) -> str:
+    """A minimal Markdown-to-HTML for the report (headings, bold, tables, paragraphs, lists)."""
+    import html as H
+    out, table = [], False
+    for line in md.splitlines():
+        esc = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", H.escape(line))
+        if line.startswith("|"):
+            cells = [c.strip() for c in esc.strip("|").split("|")]
+            if all(set(c) <= set("-:") for c in cells):
+                continue
+            if not table:
+                out.append("<table border='1' cellspacing='0' cellpadding='3'>")
+                table = True
+            out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+            continue
+        if table:
+            out.append("</table>")
+            table = False
+        if line.startswith("#"):
+            n = len(line) - len(line.lstrip("#"))
+            out.append(f"<h{n}>{esc[n:].strip()}</h{n}>")
+        elif line.startswith("- "):
+            out.append(f"<li>{esc[2:]}</li>")
+        elif re.fullmatch(r"!\[[^]]*\]\([^)]+\)", line.strip()):
+            alt, src = re.fullmatch(r"!\[([^]]*)\]\(([^)]+)\)", line.strip()).groups()
+            out.append(f"<img alt='{H.escape(alt)}' src='{H.escape(src)}'>")
+        elif line.strip():
+            out.append(f"<p>{esc}</p>")
+    if table:
+        out.append("</table>")
+    return "<!doctype html><html><head><meta charset='utf-8'><title>Config doctor</title></head><body>\n" + \
+        "\n".join(out) + "\n</body></html>\n"
+
+
+def figures(r: dict, out_dir: str) -> dict[str, str]:
+    """PNG pictures of the report: memory per stage stacked against the budget, the step-time waterfall,
+    and (with --log) predicted against measured tokens/s/p. Returns {name: path}; {} without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return {}
+    G = 2**30
+    paths = {}
+    mem, st = r["memory"], r["step"]
+    parts = mem["per_stage_breakdown"]
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    bottom = [0.0] * len(parts)
+    for key, label in (("params", "params"), ("grads", "grads"), ("grad_accum_buffer", "grad accumulation"),
+                       ("optimizer_states", "optimizer"), ("activations", "activations")):
+        vals = [p[key] / G for p in parts]
+        ax.bar(range(len(parts)), vals, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    if mem["budget_bytes"]:
+        ax.axhline(mem["budget_bytes"] / G, color="k", ls="--", lw=1, label="budget")
+    ax.set_xlabel("pipeline stage"), ax.set_ylabel("GiB per device"), ax.set_title("Memory per stage")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    paths["memory"] = os.path.join(out_dir, "memory.png")
+    fig.savefig(paths["memory"], dpi=110), plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    start = 0.0
+    labels = []
+    for i, (k, label) in enumerate(TERMS):
+        ax.bar(i, st[k], bottom=start)
+        start += st[k]
+        labels.append(label.replace(" ", "\n", 1))
+    ax.bar(len(TERMS), st["step_s"], color="k")
+    ax.set_xticks(range(len(TERMS) + 1), labels + ["step"], fontsize=6)
+    ax.set_ylabel("seconds per step"), ax.set_title("Step time, term by term")
+    fig.tight_layout()
+    paths["waterfall"] = os.path.join(out_dir, "waterfall.png")
+    fig.savefig(paths["waterfall"], dpi=110), plt.close(fig)
+    lg = r.get("log")
+    if lg:
+        fig, ax = plt.subplots(figsize=(4, 3.2))
+        ax.bar([0, 1], [lg["measured_tokens_per_s_per_device"], lg["predicted_tokens_per_s_per_device"]],
+               yerr=[[lg["measured_tokens_per_s_per_device"] - lg["measured_q1"], 0],
+                     [lg["measured_q3"] - lg["measured_tokens_per_s_per_device"], 0]], color=["C0", "C1"])
+        ax.set_xticks([0, 1], ["measured", "predicted"]), ax.set_ylabel("tokens/s per device")
+        ax.set_title(f"Your run: error {lg['error']:+.1%}")
+        fig.tight_layout()
+        paths["log"] = os.path.join(out_dir, "predicted_vs_measured.png")
+        fig.savefig(paths["log"], dpi=110), plt.close(fig)
+    return paths
+
+
+def write_outputs(r: dict, out_dir: str, source_path: str | None = None) -> dict[str, str]:
+    """Write improved.yaml (the user's YAML with only the best layout's keys changed; the original if no
+    change helps), report.md and report.html (with the pictures of `figures`) into `out_dir`."""
+    import yaml
+    os.makedirs(out_dir, exist_ok=True)
+    d = copy.deepcopy(r["config"].raw)
+    best = r["layouts"][0] if r["layouts"] and (r["best_gain"] > 0.005 or not r["fits"]) else None
+    if best:
+        for k, v in best["changes"].items():
+            node = d
+            *parents, last = k.split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[last] = v
+    paths = {"yaml": os.path.join(out_dir, "improved.yaml"), "md": os.path.join(out_dir, "report.md"),
+             "html": os.path.join(out_dir, "report.html")}
+    head = (f"# Written by mshelpers.doctor from {source_path or 'a config'}; changed keys: "
+            f"{', '.join(best['changes']) if best else 'none'}\n")
+    pics = figures(r, out_dir)
+    md = render_text(r) + "".join(f"\n![{k}]({os.path.basename(v)})\n" for k, v in pics.items())
+    for path, text in ((paths["yaml"], head + yaml.safe_dump(d, sort_keys=False)), (paths["md"], md),
+                       (paths["html"], _html(md))):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:           # written whole, then renamed: a full disk leaves the old file
+            f.write(text)
+        os.replace(tmp, path)
+    paths.update(pics)
+    return paths
+
+
+def load_with_mindformers(path: str) -> dict:
+    """Load a YAML with mindformers' own MindFormerConfig and build its config classes from it:
+    TransformerOpParallelConfig (parallel_config), TransformerRecomputeConfig (recompute_config), and
+    LlamaConfig (model.model_config, r1.x layout). mindformers' errors propagate."""
+    import inspect
+    import logging
+    import mindspore  # noqa: F401  (mindformers expects it imported first)
+    from mindformers.tools.register import MindFormerConfig
+    from mindformers.modules.transformer import TransformerOpParallelConfig, TransformerRecomputeConfig
+    quiet = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.startswith("mindformers")]
+    levels = [lg.level for lg in quiet]
+    for lg in quiet:
+        lg.setLevel(logging.ERROR)
+    try:
+        mf = MindFormerConfig(path)
+    finally:
+        for lg, lv in zip(quiet, levels):
+            lg.setLevel(lv)
+    out = {"config": mf}
+    for klass, sect in ((TransformerOpParallelConfig, "parallel_config"), (TransformerRecomputeConfig, "recompute_config")):
+        known = inspect.signature(klass).parameters
+        kw = {k: v for k, v in (mf.get(sect) or {}).items() if k in known}
+        out[sect] = klass(**kw)
+    mc = {k: v for k, v in mf.model.model_config.items() if k != "type"}
+    if "num_layers" in mc:
+        from mindformers.models.llama import LlamaConfig
+        out["model_config"] = LlamaConfig(**mc, parallel_config=out["parallel_config"])
+    return out
+
+

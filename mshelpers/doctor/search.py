@@ -1,0 +1,124 @@
+"""The layout search: variants of a config on the same devices and global batch, under the memory budget,
+ranked by predicted tokens/s per device."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .cost import memory_per_stage, step_time
+from .describe import Config, DoctorError
+from .hardware import DoctorHardware
+from .readers import with_layout
+
+def changed_keys(old: dict, new: dict, prefix: str = "") -> dict:
+    """{dotted key: (old value, new value)} for the keys that differ (a key missing on one side is None)."""
+    out = {}
+    for k in sorted(set(old) | set(new), key=str):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.update(changed_keys(a, b, f"{prefix}{k}."))
+        elif a != b:
+            out[f"{prefix}{k}"] = (a, b)
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = None, top: int = 5,
+                   calib: Any = None) -> list[dict]:
+    """The `top` fitting variants by predicted tokens/s/p, same devices and global batch.
+
+    Searched: dp x mp x pp on the devices (mp dividing the heads, pp the layers), the micro-batch size
+    (1, 2, 4) with micro_batch_num or gradient accumulation making up the global batch, sequence parallel
+    (with mp > 1), the parallel optimizer, and recompute: none, select_recompute (SiLU/Mul), full, and per
+    stage the fewest fully recomputed layers (the rest SiLU/Mul-selective) that fit the budget.
+    Offsets other than the YAML's are not searched (the YAML's are kept when the stage count is).
+    Rows: rank, layout, tokens_per_s_per_device, step_s, memory_GiB, fits, changes (dotted YAML keys).
+    """
+    devices = devices or cfg.devices
+    B = cfg.global_batch // cfg.interleave
+    budget = cfg.budget_bytes
+    seen, rows = set(), []
+
+    def consider(c: Config):
+        key = (c.dp, c.mp, c.pp, c.layout.ep, c.micro, c.batch, c.grad_accum, c.seq_parallel, c.parallel_optimizer,
+               c.full_recompute, tuple(tuple(sorted(s)) for s in c.select_ops))
+        if key in seen:
+            return None
+        seen.add(key)
+        e = memory_per_stage(c)
+        st = step_time(c, hw, calib)
+        r = {"cfg": c, "tokens_per_s_per_device": st["tokens_per_s_per_device"], "step_s": st["step_s"],
+             "memory_bytes": e["memory_per_device_bytes"], "fits": bool(e["fits"]) if e["fits"] is not None else True}
+        rows.append(r)
+        return r
+
+    cp, ep = cfg.layout.cp, cfg.layout.ep
+    for mp in _divisors(devices // cp):
+        if cfg.heads % mp or (cfg.kv_heads % mp and mp % cfg.kv_heads) or cfg.ffn % mp or mp > 8:
+            continue
+        for pp in _divisors(devices // (cp * mp)):
+            if pp > cfg.layers or (cfg.layers % pp and pp > 1 and cfg.layers // pp < 2):
+                continue
+            dp = devices // (cp * mp * pp)
+            for b in (1, 2, 4):
+                if B % (dp * b):
+                    continue
+                rest = B // (dp * b)
+                if pp > 1 and rest < pp:
+                    continue
+                base = dict(data_parallel=dp, model_parallel=mp, pipeline_stage=pp, batch_size=b,
+                            micro_batch_num=rest if pp > 1 else 1,
+                            gradient_accumulation_steps=1 if pp > 1 else rest)
+                if pp != cfg.pp:
+                    base["offset"] = 0
+                    if cfg.layout.vpp > 1:
+                        base["pp_interleave_num"] = 1
+                if cfg.model.moe is not None and (dp * mp) % ep:
+                    base["expert_parallel"] = math.gcd(ep, dp * mp)
+                for sp in ([True, False] if mp > 1 else [False]):
+                    for po in (True, False):
+                        kw = dict(base, use_seq_parallel=sp, enable_parallel_optimizer=po)
+                        try:
+                            variants = [with_layout(cfg, **kw, recompute=False, select_recompute=False),
+                                        with_layout(cfg, **kw, recompute=False, select_recompute=True),
+                                        with_layout(cfg, **kw, recompute=True, select_recompute=False)]
+                        except DoctorError:
+                            continue
+                        for v in variants:
+                            consider(v)
+                        # per stage: the fewest full-recompute layers that fit, the rest SiLU/Mul-selective
+                        if budget is not None:
+                            layers = list(variants[0].stage_layers)
+                            counts = []
+                            for i in range(pp):
+                                lo, hi = 0, layers[i]
+                                while lo < hi:
+                                    mid = (lo + hi) // 2
+                                    trial = [layers[j] if j > i else (mid if j == i else counts[j]) for j in range(pp)]
+                                    e = memory_per_stage(with_layout(cfg, **kw, recompute=trial, select_recompute=True))
+                                    lo, hi = (lo, mid) if e["per_stage_bytes"][i] <= budget else (mid + 1, hi)
+                                counts.append(lo)
+                            if 0 < sum(counts) < sum(layers):
+                                consider(with_layout(cfg, **kw, recompute=counts if pp > 1 else counts[0],
+                                               select_recompute=True))
+    fit = sorted((r for r in rows if r["fits"]), key=lambda r: (-round(r["tokens_per_s_per_device"]), r["memory_bytes"]))
+    out, names = [], set()
+    for r in fit:
+        c = r["cfg"]
+        name = (f"dp{c.dp}-mp{c.mp}-pp{c.pp} b{c.batch} m{c.n_micro}" + (" sp" if c.seq_parallel else "")
+                + (" po" if c.parallel_optimizer else "") + f" rc{sum(c.full_recompute)}")
+        if name in names:           # the same layout with a recompute variant that costs the same: keep the leaner
+            continue
+        names.add(name)
+        if len(out) == top:
+            break
+        out.append({"rank": len(out) + 1, "layout": name,
+                    "tokens_per_s_per_device": round(r["tokens_per_s_per_device"]), "step_s": round(r["step_s"], 3),
+                    "memory_GiB": round(r["memory_bytes"] / 2**30, 2), "fits": r["fits"],
+                    "changes": {k: v[1] for k, v in changed_keys(cfg.raw, c.raw).items()}, "config": c})
+    return out
+
+
