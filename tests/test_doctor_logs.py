@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from mshelpers import doctor_logs as dl
-from mshelpers.doctor_logs import LogError
+from mshelpers.doctor import logs as dl
+from mshelpers.doctor.logs import LogError
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_LINE = re.compile(r"^doctor --log: \w+=[^\n]*; fix: [^\n]+$")

@@ -24,18 +24,20 @@ def measured_run(r: dict, log_path: str, *, refit: bool = False, skip: int | Non
         got = logs.read_training_log(log_path)
         steady = logs.steady_step_time(got["steps"], skip=skip)
         thr = logs.measured_throughput(got["steps"], global_batch=lay.global_batch, seq_len=m.seq,
-                                       devices=lay.devices, skip=skip)
+                                       devices=lay.devices)
     except logs.LogError as e:
         raise DoctorError("--log", log_path, str(e).split("fix: ", 1)[-1]) from None
     measured = thr["tokens_per_s_per_device"]
     f = flops_per_token(m)
     peak = st["peak_flops"]
     hw_per_token = st["mfu_hardware"] * st["peak_flops"] / st["tokens_per_s_per_device"]
-    out = {"path": str(log_path), "format": got["format"], "notes": got.get("notes", []),
-           "n_steps": len(got["steps"]), "n_used": steady["n_used"], "n_skipped": steady["n_skipped"],
+    lo, hi = thr["tokens_per_s_per_device_range"]
+    out = {"path": str(log_path), "format": got["format"], "notes": got.get("notes", []) + thr["notes"],
+           "n_steps": len(got["steps"]), "n_used": steady["steps_used"],
+           "n_skipped": steady["skipped_warmup"] + steady["skipped_slow"],
            "measured_step_s": steady["median_s"], "measured_tokens_per_s_per_device": measured,
-           "measured_q1": thr["q1"], "measured_q3": thr["q3"],
-           "logged_tokens_per_s_per_device": thr.get("logged_tokens_per_s_per_device"),
+           "measured_q1": lo, "measured_q3": hi,
+           "logged_tokens_per_s_per_device": thr.get("log_tokens_per_s_per_device"),
            "predicted_tokens_per_s_per_device": st["tokens_per_s_per_device"],
            "error": st["tokens_per_s_per_device"] / measured - 1,
            "mfu_6n": f["6n"] * measured / peak, "mfu_attention": f["palm"] * measured / peak,

@@ -298,9 +298,12 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
         params = pb * (dense / dshard + expert / eshard) if (po or fsdp) else pb * (dense + expert)
         grads = pb * ((dense / lay.dp + expert / replicas_expert) if fsdp else dense + expert)
         states = lay.state_bytes * (dense / dshard + expert / eshard)
-        buffer = grads if accum else 0
+        # accumulating (pipeline micro-batches or gradient accumulation): MindSpore adds each micro-batch's
+        # gradients into the accu_grads buffer as the backward produces them, so the buffer is the one
+        # gradient-sized copy (counted as grads; sliced over dp with gradient_accumulation_shard)
+        buffer = 0
         if accum and lay.shard_accum and po:
-            buffer = grads / lay.dp
+            grads = grads / lay.dp
         inflight = min(lay.pp - i, lay.micro) if lay.pp > 1 else 1
         if lay.vpp > 1 and lay.pp > 1:
             inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)

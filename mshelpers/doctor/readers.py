@@ -148,6 +148,8 @@ def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str
     if a > h or h % a and not mc.get("head_dim") and not mc.get("kv_channels"):
         raise DoctorError(f"{where}.{_pick(mc, 'heads', where, dialect)[0]}", a,
                           f"a head count dividing hidden_size={h} (or set head_dim)")
+    if mla:
+        kv = a                                                  # MLA: every head has its own (latent) K and V
     if kv > a or a % kv:
         raise DoctorError(f"{where}.{_pick(mc, 'kv_heads', where, dialect)[0]}", kv,
                           f"a kv-head count dividing the head count {a}")
@@ -339,16 +341,24 @@ def _hf_config(d: dict, model_config: Any, notes: list) -> dict:
 
 
 def _dataset_seq(d: dict) -> Any:
-    for sect in ("train_dataset", "train_dataset_task"):
-        ds = d.get(sect)
-        if not isinstance(ds, dict):
-            continue
-        ds = ds.get("dataset_config", ds)
-        for loader in ("data_loader", "dataloader"):
-            cfg = ds.get(loader) if isinstance(ds, dict) else None
-            if isinstance(cfg, dict) and isinstance(cfg.get("config"), dict) and cfg["config"].get("seq_length"):
-                return cfg["config"]["seq_length"]
-    return None
+    """The training dataset's seq_length, wherever its loader or handlers put it."""
+    def find(node: Any, depth: int = 0) -> Any:
+        if depth > 6:
+            return None
+        if isinstance(node, dict):
+            if _is_int(node.get("seq_length")) and node["seq_length"] > 0:
+                return node["seq_length"]
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            return None
+        for c in children:
+            got = find(c, depth + 1)
+            if got is not None:
+                return got
+        return None
+    return find(d.get("train_dataset")) or find(d.get("train_dataset_task"))
 
 
 def _static(d: dict, dialect: str, budget: Any, model_config: Any) -> Config:
@@ -372,7 +382,11 @@ def _static(d: dict, dialect: str, budget: Any, model_config: Any) -> Config:
     merged.update({k: v for k, v in mc.items() if v is not None})
     if dialect == "r1.x" and "num_layers" not in merged and "num_hidden_layers" in merged:
         dialect = "1.9"                                           # 1.9's r1.x files with Hugging Face names
-    m = read_model(merged, where=w, dialect=dialect, seq=_dataset_seq(d))
+    seq = _dataset_seq(d)
+    if seq is None and dialect == "mcore" and not any(merged.get(k) for k in ALIASES["seq"]):
+        seq = 4096
+        notes.append("no seq_length in the model or the dataset: mindformers' TransformerConfig default 4096 assumed")
+    m = read_model(merged, where=w, dialect=dialect, seq=seq)
     pc = _section(d, "parallel_config")
     dp = _count(pc.get("data_parallel", 1), "parallel_config.data_parallel")
     tp = _count(pc.get("model_parallel", 1), "parallel_config.model_parallel")
@@ -383,6 +397,11 @@ def _static(d: dict, dialect: str, budget: Any, model_config: Any) -> Config:
     cp_algo = str(pc.get("context_parallel_algo") or merged.get("context_parallel_algo") or "colossalai_cp")
     vpp_raw = mc.get("pp_interleave_num", pc.get("pp_interleave_num", 1))
     vpp = _count(vpp_raw if vpp_raw is not None else 1, f"{w}.pp_interleave_num")
+    pipe_cfg = _section(d, "parallel").get("pipeline_config")
+    if vpp > 1 and not (isinstance(pipe_cfg, dict) and pipe_cfg.get("pipeline_interleave")):
+        notes.append(f"{w}.pp_interleave_num={vpp} without parallel.pipeline_config.pipeline_interleave: True; "
+                     "mindformers then uses 1 (LayerSetting), and so does the doctor")
+        vpp = 1
     rn = _section(d, "runner_config")
     batch = _count(rn.get("batch_size", 1) if rn.get("batch_size") is not None else 1, "runner_config.batch_size")
     ga = _count(rn.get("gradient_accumulation_steps") or 1, "runner_config.gradient_accumulation_steps")
