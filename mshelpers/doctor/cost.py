@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -71,6 +72,11 @@ def mtp_params(m: Model) -> int:
 
 def layer_ops(m: Model, i: int) -> dict[str, float]:
     """Forward FLOPs per token of layer i's ops before any split (names select_recompute patterns match)."""
+    return dict(_layer_ops(m, m.moe is not None and m.moe.is_moe_layer(i)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_ops(m: Model, moe_layer: bool) -> tuple:
     h, s = m.hidden, m.seq
     if m.attention == "mla":
         wq = 2 * (h * m.q_lora_rank + m.q_lora_rank * m.q_width) if m.q_lora_rank else 2 * h * m.q_width
@@ -80,13 +86,13 @@ def layer_ops(m: Model, i: int) -> dict[str, float]:
         q, kvw = m.heads * m.head_dim, m.kv_heads * m.head_dim
         ops = {"wq": 2 * h * q, "wk": 2 * h * kvw, "wv": 2 * h * kvw, "wo": 2 * q * h}
     ops["attention"] = 2 * s * (m.q_width + m.v_width)          # QK^T and attention x V (PaLM: 4*s*q for MHA)
-    if m.moe is not None and m.moe.is_moe_layer(i):
+    if moe_layer:
         e = m.moe
         width = e.top_k * e.expert_ffn + e.shared_ffn
         ops.update(router=2 * h * e.routed, w1=2 * h * width, w3=2 * h * width, w2=2 * width * h)
     else:
         ops.update(w1=2 * h * m.ffn, w3=2 * h * m.ffn, w2=2 * m.ffn * h)
-    return ops
+    return tuple(ops.items())
 
 
 def head_flops(m: Model) -> float:
@@ -141,8 +147,13 @@ def expert_shard(cfg: Config) -> int:
 
 def stage_params(cfg: Config, i: int) -> tuple[float, float]:
     """(dense, expert) parameters on one device of stage i."""
-    m, lay = cfg.model, cfg.layout
-    ids = stage_layer_ids(cfg)[i]
+    return _stage_params(cfg.model, cfg.layout, i)
+
+
+@functools.lru_cache(maxsize=65536)
+def _stage_params(m: Model, lay: Any, i: int) -> tuple[float, float]:
+    start = sum(lay.stage_layers[:i])
+    ids = range(start, start + lay.stage_layers[i])
     expert = sum(expert_params(m, j) for j in ids)
     dense = sum(layer_params(m, j) for j in ids) - expert
     dense = dense / lay.tp
@@ -154,7 +165,7 @@ def stage_params(cfg: Config, i: int) -> tuple[float, float]:
             mtp_expert = m.mtp * expert_params(m, m.layers - 1)
             expert += mtp_expert
             dense += (mtp_params(m) - mtp_expert) / lay.tp
-    return dense, expert / expert_shard(cfg)
+    return dense, expert / max(lay.ep, lay.tp)
 
 
 def _group_bw(hw: Any, span: int, n: int) -> tuple[float, float]:
@@ -338,13 +349,20 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
 
 
 def _layer_activation(mem: Any, m: Model, lay: Any, j: int, seq: int, mode: str, bpv: int) -> int:
+    return _activation(mem, m, lay.batch, lay.tp, lay.seq_parallel, m.moe is not None and m.moe.is_moe_layer(j),
+                       seq, mode, bpv)
+
+
+@functools.lru_cache(maxsize=8192)
+def _activation(mem: Any, m: Model, batch: int, tp: int, sp: bool, moe_layer: bool, seq: int, mode: str,
+                bpv: int) -> int:
     """Activation bytes one layer keeps (Korthikanti's count, mindformers' LLaMA block; a MoE layer as a
     SwiGLU of width top_k * expert_ffn + shared_ffn, plus its top_k copies of the expert inputs)."""
     ffn = m.ffn
-    if m.moe is not None and m.moe.is_moe_layer(j):
+    if moe_layer:
         e = m.moe
         ffn = e.top_k * e.expert_ffn + e.shared_ffn + e.top_k * m.hidden // 4
     kv = m.heads if m.attention == "mla" else m.kv_heads
-    return mem.activation_bytes_per_layer(seq, lay.batch, m.hidden, m.heads, tp=lay.tp,
-                                          sequence_parallel=lay.seq_parallel, recompute=mode, bytes_per_value=bpv,
+    return mem.activation_bytes_per_layer(seq, batch, m.hidden, m.heads, tp=tp,
+                                          sequence_parallel=sp, recompute=mode, bytes_per_value=bpv,
                                           flash_attention=m.flash, num_kv_heads=kv, ffn_hidden_size=ffn, arch="llama")

@@ -51,6 +51,16 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "v_head_dim": ("v_head_dim",),
     "qkv_bias": ("qkv_has_bias", "attention_bias", "add_qkv_bias"),
 }
+# What mindformers' own model classes default to when neither the YAML nor a config.json gives a key
+# (mindformers 2.1.0 models/deepseek3/configuration_deepseek_v3.py, DeepseekV3Config.__init__).
+MODEL_DEFAULTS: dict[str, dict] = {
+    "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                        num_hidden_layers=61, num_nextn_predict_layers=1, num_attention_heads=128,
+                        num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256, kv_lora_rank=512,
+                        q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
+                        num_experts_per_tok=8, moe_layer_freq=1, first_k_dense_replace=3,
+                        tie_word_embeddings=False),
+}
 _OPTIONAL = {"kv_heads", "head_dim", "ffn", "experts", "top_k", "expert_ffn", "shared", "shared_ffn", "first_dense",
              "moe_every", "mtp", "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim", "seq"}
 
@@ -371,6 +381,13 @@ def _static(d: dict, dialect: str, budget: Any, model_config: Any) -> Config:
                           "training YAML has model.model_config)")
     w = "model.model_config"
     merged = dict(_hf_config(d, model_config, notes))
+    defaults = MODEL_DEFAULTS.get(str(mc.get("model_type", "")))
+    if defaults and not merged:
+        missing = sorted(k for k in defaults if k not in mc)
+        if missing:
+            merged.update({k: defaults[k] for k in missing})
+            notes.append(f"no config.json: {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''} from "
+                         f"mindformers' {mc.get('model_type')} config class defaults (as mindformers does)")
     moe_cfg = d.get("moe_config")
     if isinstance(moe_cfg, dict):                                 # r1.x Mixtral / Qwen2-MoE / DeepSeek-V2
         merged.update({k: v for k, v in moe_cfg.items() if v is not None})
@@ -599,7 +616,12 @@ _STATIC_KEYS = {"data_parallel": ("parallel_config",), "model_parallel": ("paral
 def with_layout(cfg: Config, **kw) -> Config:
     """A variant: the file edited in its own dialect, read again (so memory and time see the same config).
     Keys are mindformers' static names; a PyNative file gets them mapped onto its own sections."""
-    d = copy.deepcopy(cfg.raw)
+    # copy only the sections a variant may edit (the dataset and callbacks sections are shared, read-only)
+    d = dict(cfg.raw)
+    for sect in ("parallel_config", "runner_config", "recompute_config", "parallel", "model", "parallelism",
+                 "training", "recompute"):
+        if sect in d:
+            d[sect] = copy.deepcopy(d[sect])
     if cfg.dialect == "pynative":
         par, tr = d.setdefault("parallelism", {}), d.setdefault("training", {})
         lay = cfg.layout

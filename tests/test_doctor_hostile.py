@@ -1,0 +1,257 @@
+"""The config doctor under hostile input: every published seed YAML with one value replaced by something no
+mindformers config holds (None, -1, 0, 1.5, "", [], {}, NaN, inf, "58GBB") or deleted, broken files, and an
+unwritable --out. The contract (mshelpers/doctor/cli.py): exit 0, or exit 2 with exactly one stderr line
+`doctor: error: <field>=<value>; fix: <how>`; never a traceback. A deterministic sweep over the keys the
+doctor reads, then a Hypothesis property test (derandomized: the same examples every run) over any key path."""
+from __future__ import annotations
+
+import copy
+import random
+import re
+import traceback
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mshelpers.doctor import ALIASES, main
+
+DATA = Path(__file__).parent / "data" / "mindformers"
+SEEDS = (
+    "r1.2.0_pretrain_llama2_7b.yaml",
+    "r1.2.0_pretrain_llama2_70b.yaml",
+    "r1.2.0_finetune_mixtral-8x7b.yaml",                        # r1.x MoE with a top-level moe_config
+    "2.1.0/qwen3/pretrain_qwen3_32b_4k.yaml",
+    "2.1.0/qwen3_moe/pretrain_qwen3_30b_a3b_4k.yaml",
+    "2.1.0/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml",   # 2.x PyNative dialect
+    "2.1.0/glm4/finetune_glm4_9b.yaml",
+    "2.1.0/telechat3/pretrain_telechat3_36b.yaml",
+)
+PARSED = {s: yaml.safe_load((DATA / s).read_text()) for s in SEEDS}
+
+DELETE = object()                                               # "remove the key" rather than a value
+HOSTILE = (None, -1, 0, 1.5, "", [], {}, float("nan"), float("inf"), "58GBB", DELETE)
+HOSTILE_IDS = ("None", "-1", "0", "1.5", "empty-str", "empty-list", "empty-dict", "nan", "inf", "58GBB", "deleted")
+
+# the sections whose every key is swept; the model section's keys are swept where the doctor reads them
+SECTIONS = ("parallel_config", "parallelism", "runner_config", "training", "recompute_config", "recompute",
+            "moe_config")
+# keys the readers look up: the alias table plus every quoted key readers.py gets (kept in step with the reader)
+_READERS_SRC = (Path(__file__).parent.parent / "mshelpers" / "doctor" / "readers.py").read_text()
+READ_KEYS = {k for names in ALIASES.values() for k in names} | set(
+    re.findall(r'(?:get|pop)\("([a-z_]+)"|\["([a-z_]+)"\]', _READERS_SRC) and
+    [a or b for a, b in re.findall(r'(?:get|pop)\("([a-z_]+)"|\["([a-z_]+)"\]', _READERS_SRC)])
+
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)        # libyaml when there: the sweep writes ~5000 files
+
+
+def _model_keys(d: dict) -> tuple[tuple, dict]:
+    m = d.get("model")
+    if isinstance(m, dict) and isinstance(m.get("model_config"), dict):
+        return ("model", "model_config"), m["model_config"]
+    return ("model",), m if isinstance(m, dict) else {}
+
+
+def key_paths(d: dict) -> list[tuple]:
+    """The key paths that matter for the doctor, in the file's order: each top-level mapping section itself,
+    every key of the layout sections, the model keys the readers read, and context.max_device_memory."""
+    paths = [(k,) for k, v in d.items() if isinstance(v, dict)]
+    prefix, mc = _model_keys(d)
+    paths += [prefix + (k,) for k in mc if k in READ_KEYS]
+    if prefix == ("model", "model_config"):
+        paths.append(("model", "model_config"))
+    for sec in SECTIONS:
+        if isinstance(d.get(sec), dict):
+            paths += [(sec, k) for k in d[sec]]
+    if isinstance(d.get("context"), dict) and "max_device_memory" in d["context"]:
+        paths.append(("context", "max_device_memory"))
+    return list(dict.fromkeys(paths))
+
+
+def all_key_paths(node, prefix=()) -> list[tuple]:
+    """Every key path of the parsed YAML (mapping keys and list indices), depth first."""
+    out = []
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        out.append(prefix + (k,))
+        out += all_key_paths(v, prefix + (k,))
+    return out
+
+
+CASES = [(s, p) for s in SEEDS for p in key_paths(PARSED[s])]
+ALL_PATHS = {s: all_key_paths(PARSED[s]) for s in SEEDS}
+READ_PATHS = {s: key_paths(PARSED[s]) for s in SEEDS}
+
+
+def mutated(seed: str, path: tuple, value) -> dict:
+    d = copy.deepcopy(PARSED[seed])
+    node = d
+    for k in path[:-1]:
+        node = node[k]
+    if value is DELETE:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = copy.deepcopy(value)
+    return d
+
+
+def run_doctor(argv: list, capsys) -> str | None:
+    """None when the doctor kept its contract on `argv`, else what it did instead."""
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in argv])
+    except BaseException:                                       # noqa: BLE001 - SystemExit included: main returns
+        return "raised:\n" + traceback.format_exc()
+    out, err = capsys.readouterr()
+    if code == 0:
+        return None if "Traceback" not in err else f"exit 0 with a traceback on stderr:\n{err}"
+    lines = err.splitlines()
+    if code == 2 and len(lines) == 1 and lines[0].startswith("doctor: error: ") and "fix:" in lines[0]:
+        return None
+    return f"exit {code!r}, stderr {err!r}"
+
+
+def check_case(tmp_path: Path, capsys, d: dict, name: str = "c.yaml", extra=("--no-search",)) -> str | None:
+    p = tmp_path / name
+    p.write_text(yaml.dump(d, Dumper=_Dumper, sort_keys=False))
+    return run_doctor([p, *extra], capsys)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_seed_is_read_as_published(seed, capsys):
+    assert run_doctor([DATA / seed, "--no-search"], capsys) is None
+    assert main([str(DATA / seed), "--no-search"]) == 0
+
+
+@pytest.mark.parametrize("seed,path", CASES, ids=[f"{s.rsplit('/', 1)[-1][:-5]}:{'.'.join(map(str, p))}"
+                                                   for s, p in CASES])
+def test_a_hostile_value_at_a_key_that_matters(seed, path, tmp_path, capsys):
+    bad = []
+    for value, vid in zip(HOSTILE, HOSTILE_IDS):
+        got = check_case(tmp_path, capsys, mutated(seed, path, value))
+        if got:
+            bad.append(f"{'.'.join(map(str, path))} = {vid}: {got}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_sweep_covers_what_it_says():
+    assert len(CASES) >= 250
+    for s in SEEDS:
+        paths = set(READ_PATHS[s])
+        assert ("model",) in paths
+        assert any(p[:1] in {(x,) for x in SECTIONS} and len(p) == 2 for p in paths), s
+    assert ("moe_config", "expert_num") in READ_PATHS["r1.2.0_finetune_mixtral-8x7b.yaml"]
+    assert ("model", "num_layers") in READ_PATHS["2.1.0/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml"]
+
+
+@pytest.mark.parametrize("seed", ["r1.2.0_pretrain_llama2_7b.yaml",
+                                  "2.1.0/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml"])
+@pytest.mark.parametrize("section", ["model", "parallel_config", "parallelism", "context"])
+@pytest.mark.parametrize("value", [1.5, "x", 7, True, ["a"]])
+def test_a_section_replaced_by_a_scalar_is_one_line_exit_2(seed, section, value, tmp_path, capsys):
+    """The issue: `model: 1.5` gave AttributeError: 'str' object has no attribute 'get'."""
+    d = copy.deepcopy(PARSED[seed])
+    d[section] = value
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    capsys.readouterr()
+    code = main([str(p), "--no-search"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("doctor: error: ") and "fix:" in err, err
+    assert f"{section}" in err.split("; fix:")[0], err
+
+
+def test_model_1_5_names_the_model_section(tmp_path, capsys):
+    d = copy.deepcopy(PARSED["r1.2.0_pretrain_llama2_7b.yaml"])
+    d["model"] = 1.5
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    assert main([str(p)]) == 2                                  # with the search on, as the issue ran it
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("doctor: error: model=1.5") and err.count("\n") == 1 and "fix:" in err
+
+
+# ---------------------------------------------------------------- Hypothesis: any key path, any value
+_scalar = st.one_of(st.integers(min_value=-2**40, max_value=2**40), st.floats(), st.text(max_size=12),
+                    st.booleans(), st.none())
+VALUES = st.one_of(st.sampled_from(HOSTILE), _scalar, st.lists(_scalar, max_size=4),
+                   st.dictionaries(st.text(max_size=8), _scalar, max_size=3))
+
+
+@st.composite
+def hostile_configs(draw):
+    seed = draw(st.sampled_from(SEEDS))
+    # half the draws go to the keys the doctor reads, half to any key of the file
+    path = draw(st.one_of(st.sampled_from(READ_PATHS[seed]), st.sampled_from(ALL_PATHS[seed])))
+    value = draw(VALUES)
+    return seed, path, value
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=hostile_configs())
+def test_any_key_any_value_keeps_the_contract(case, tmp_path, capsys):
+    seed, path, value = case
+    got = check_case(tmp_path, capsys, mutated(seed, path, value))
+    assert got is None, f"{seed}: {'.'.join(map(str, path))} = {value!r}: {got}"
+
+
+# ---------------------------------------------------------------- files that are not a config
+def _one_line_exit_2(argv, capsys):
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert code == 2, (out[-300:], err)
+    assert out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith("doctor: error: ") and "fix:" in err, err
+    return err
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_truncated_file(seed, tmp_path, capsys):
+    raw = (DATA / seed).read_bytes()
+    p = tmp_path / "half.yaml"
+    p.write_bytes(raw[:len(raw) // 2])
+    _one_line_exit_2([p, "--no-search"], capsys)
+
+
+def test_binary_garbage(tmp_path, capsys):
+    p = tmp_path / "garbage.yaml"
+    p.write_bytes(random.Random(0).randbytes(4096))
+    assert "binary" in _one_line_exit_2([p, "--no-search"], capsys)
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# only a comment\n", "[1, 2, 3]\n", "just a string\n", "model: [\n",
+                                  "\t- : :\n", "a: &x [*x]\n", "!!python/object:os.system ls\n", "\ufeff\x00\x01"])
+def test_text_that_is_not_a_config(text, tmp_path, capsys):
+    p = tmp_path / "c.yaml"
+    p.write_text(text, encoding="utf-8")
+    _one_line_exit_2([p, "--no-search"], capsys)
+
+
+def test_an_empty_file(tmp_path, capsys):
+    p = tmp_path / "empty.yaml"
+    p.write_bytes(b"")
+    _one_line_exit_2([p, "--no-search"], capsys)
+
+
+def test_a_directory(tmp_path, capsys):
+    _one_line_exit_2([tmp_path, "--no-search"], capsys)
+
+
+def test_a_file_that_does_not_exist(tmp_path, capsys):
+    _one_line_exit_2([tmp_path / "nope.yaml", "--no-search"], capsys)
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_out_at_a_regular_file_writes_nothing(under, tmp_path, capsys):
+    blocker = tmp_path / "report"
+    blocker.write_text("keep me\n")
+    out = blocker / "sub" if under else blocker
+    err = _one_line_exit_2([DATA / SEEDS[0], "--no-search", "--out", out], capsys)
+    assert "--out" in err
+    assert blocker.read_text() == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
