@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "mshelpers"
-MODULES = sorted(p.stem for p in PKG.glob("*.py") if p.stem != "__init__")
+# modules, and the doctor package (copied as its folder: one concern in rooms, see mshelpers/doctor/__init__.py)
+MODULES = sorted([p.stem for p in PKG.glob("*.py") if p.stem != "__init__"] +
+                 [p.parent.name for p in PKG.glob("*/__init__.py") if p.parent.name != "workers"])
 
 # Modules that must not import MindSpore until a function needs it.
 NO_MINDSPORE_AT_IMPORT = ("metrics", "memory", "doctor", "timing", "table", "config", "checkpoint", "parallel",
@@ -118,7 +120,18 @@ CALLS: dict[str, str] = {
         c = m.read_config(yaml.safe_load(MF_YAML))
         assert c.devices == 8 and c.budget_bytes == 58 * 2**30 and m.param_count(c) > 6e9
         st = m.step_time(c, m.hardware("atlas-800t-a2"))
-        assert st["step_s"] > 0 and 0 < st["mfu_6n"] < 1 and m.legacy_dict(c)["model"]["model_config"]["intermediate_size"]
+        assert st["step_s"] > 0 and 0 < st["mfu_6n"] < 1 and c.model.ffn == 11008 and c.dialect == "r1.x"
+        assert m.parse_size("58GB") == 58 * 2**30 and m.dialect_of({"training": {}}) == "pynative"
+        assert m.kendall_tau([1, 2, 3], [1, 2, 3]) == 1.0 and m.family_of({"file": "x_llama2_7b.yaml"}) == "llama2"
+        assert m.flops_per_token(c.model)["6n"] == 6 * m.param_count(c.model) and m.mtp_params(c.model) == 0
+        assert m.pattern_ops("feed_forward\\.w1\\.matmul") == ["w1"] and m.stage_split(8, 2, 1, 0, "o", []) == [[4, 4]]
+        assert m.read_model({"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 9, "seq_length": 8},
+                            where="m", dialect="r1.x").ffn == 256
+        assert sum(m.layer_ops(c.model, 0).values()) > 0 and m.stage_params(c, 0)[0] > 6e9
+        assert m.load_yaml({"a": 1}) == {"a": 1} and isinstance(m.Layout(), m.Layout) and m.TERMS
+        assert m.with_layout(c, batch_size=2).batch == 2 and m.fixture_dir()
+        assert m.family_summary([{"role": "check", "family": "x", "error": 0.1, "fits": True}])[0]["n"] == 1
+        assert m.ranking_groups([]) == [] and m.more_published("/nonexistent") == ()
         assert m.changed_keys({"a": {"b": 1}}, {"a": {"b": 2}}) == {"a.b": (1, 2)}
         assert m.calibration_summary([{"role": "check", "error": 0.1, "fits": True}])["median_abs_error"] == 0.1
         try:
@@ -300,7 +313,8 @@ NOT_PLAIN: dict[str, set[str]] = {
     "data": {"make_dataset"},
     "launch": {"MsrunError", "RankResult", "MsrunResult", "msrun"},
     "doctor": {"DoctorError", "DoctorHardware", "Calibration", "Config", "load_with_mindformers", "write_outputs",
-               "summary_json", "render_text", "fit_calibration", "guide_13b_steps"},   # take files, results or mindformers
+               "summary_json", "render_text", "fit_calibration", "guide_13b_steps", "Model", "MoE",
+               "figures", "measured_run"},   # take files, results or mindformers
     "memory": set(),
     "metrics": {"peak_flops"},      # measuring (refresh) needs MindSpore; the cached read is called above
     "model": {"llama_config", "build_model", "count_params"},
@@ -413,9 +427,10 @@ def _copy(tmp: Path, names: tuple[str, ...]) -> None:
 
 def _public(module: str) -> list[str]:
     mod = importlib.import_module(f"mshelpers.{module}")
+    own = lambda v: getattr(v, "__module__", None) == mod.__name__ or (     # noqa: E731
+        hasattr(mod, "__path__") and str(getattr(v, "__module__", "")).startswith(mod.__name__ + "."))
     return sorted(k for k, v in vars(mod).items()
-                  if not k.startswith("_") and (inspect.isfunction(v) or inspect.isclass(v))
-                  and getattr(v, "__module__", None) == mod.__name__)
+                  if not k.startswith("_") and (inspect.isfunction(v) or inspect.isclass(v)) and own(v))
 
 
 def _siblings_named(module: str, name: str) -> set[str]:

@@ -40,11 +40,19 @@ SECTIONS = ("parallel_config", "parallelism", "runner_config", "training", "reco
             "moe_config")
 # keys the readers look up: the alias table plus every quoted key readers.py gets (kept in step with the reader)
 _READERS_SRC = (Path(__file__).parent.parent / "mshelpers" / "doctor" / "readers.py").read_text()
-READ_KEYS = {k for names in ALIASES.values() for k in names} | set(
-    re.findall(r'(?:get|pop)\("([a-z_]+)"|\["([a-z_]+)"\]', _READERS_SRC) and
-    [a or b for a, b in re.findall(r'(?:get|pop)\("([a-z_]+)"|\["([a-z_]+)"\]', _READERS_SRC)])
+_GOT = re.findall(r'(?:get|pop)\("([a-z_]+)"|\["([a-z_]+)"\]', _READERS_SRC)
+READ_KEYS = {k for names in ALIASES.values() for k in names} | {a or b for a, b in _GOT}
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)        # libyaml when there: the sweep writes ~5000 files
+
+
+@pytest.fixture
+def fast_yaml(monkeypatch):
+    """The doctor's yaml.safe_load on libyaml's parser (same SafeConstructor, same dicts): pure-Python parsing is
+    90% of a --no-search run, and the sweep is about the readers, not the parser (the broken-file tests below
+    keep the pure-Python one)."""
+    if getattr(yaml, "CSafeLoader", None):
+        monkeypatch.setattr(yaml, "safe_load", lambda s: yaml.load(s, Loader=yaml.CSafeLoader))
 
 
 def _model_keys(d: dict) -> tuple[tuple, dict]:
@@ -127,7 +135,7 @@ def test_every_seed_is_read_as_published(seed, capsys):
 
 @pytest.mark.parametrize("seed,path", CASES, ids=[f"{s.rsplit('/', 1)[-1][:-5]}:{'.'.join(map(str, p))}"
                                                    for s, p in CASES])
-def test_a_hostile_value_at_a_key_that_matters(seed, path, tmp_path, capsys):
+def test_a_hostile_value_at_a_key_that_matters(seed, path, tmp_path, capsys, fast_yaml):
     bad = []
     for value, vid in zip(HOSTILE, HOSTILE_IDS):
         got = check_case(tmp_path, capsys, mutated(seed, path, value))
@@ -143,7 +151,7 @@ def test_the_sweep_covers_what_it_says():
         assert ("model",) in paths
         assert any(p[:1] in {(x,) for x in SECTIONS} and len(p) == 2 for p in paths), s
     assert ("moe_config", "expert_num") in READ_PATHS["r1.2.0_finetune_mixtral-8x7b.yaml"]
-    assert ("model", "num_layers") in READ_PATHS["2.1.0/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml"]
+    assert ("model", "num_hidden_layers") in READ_PATHS["2.1.0/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml"]
 
 
 @pytest.mark.parametrize("seed", ["r1.2.0_pretrain_llama2_7b.yaml",
@@ -193,7 +201,7 @@ def hostile_configs(draw):
 @settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=hostile_configs())
-def test_any_key_any_value_keeps_the_contract(case, tmp_path, capsys):
+def test_any_key_any_value_keeps_the_contract(case, tmp_path, capsys, fast_yaml):
     seed, path, value = case
     got = check_case(tmp_path, capsys, mutated(seed, path, value))
     assert got is None, f"{seed}: {'.'.join(map(str, path))} = {value!r}: {got}"

@@ -9,6 +9,7 @@ from typing import Any
 from .calibration import CALIBRATION, Calibration
 from .cost import flops_per_token, param_count, step_time
 from .describe import DoctorError
+from . import logs as _logs  # noqa: F401  (imported here so measured_run finds it)
 from .report import diagnose, render_text, summary_json, write_outputs
 from .search import better_layouts
 
@@ -17,7 +18,7 @@ def measured_run(r: dict, log_path: str, *, refit: bool = False, skip: int | Non
     """A training log (mindformers' or the cookbook's metrics.csv) against the diagnosis `r`: measured
     tokens/s/p at the steady median, MFU in the three conventions against the profile's datasheet peak, the
     prediction error; with `refit`, the compute efficiency re-fitted on this run and the top layouts re-ranked."""
-    from . import logs
+    logs = _logs
     cfg, st, hw = r["config"], r["step"], r["hardware"]
     lay, m = cfg.layout, cfg.model
     try:
@@ -63,7 +64,7 @@ def measured_run(r: dict, log_path: str, *, refit: bool = False, skip: int | Non
 def main(argv: list[str] | None = None) -> int:
     """The CLI; returns the exit code (0 ok, 2 bad input)."""
     import argparse
-    from . import __doc__ as doc
+    doc = sys.modules[__package__].__doc__ if __package__ in sys.modules else __doc__
 
     class _Parser(argparse.ArgumentParser):
         def error(self, message):

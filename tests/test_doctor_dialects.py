@@ -1,0 +1,160 @@
+"""The doctor on the models people train now: every training config of the mindformers 2.1.0 wheel (mcore
+static, 2.x PyNative, r1.x GLM-4), MoE and MLA costs, parameter counts against the models' own, the terms
+VPP and context parallel add, --json's parameter counts, and --log on a real run of the cookbook's CLI."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mshelpers import doctor as D
+
+DATA = Path(__file__).parent / "data" / "mindformers"
+W = DATA / "2.1.0"
+HF = DATA / "hf"
+CONFIGS = sorted(p.relative_to(W).as_posix() for p in W.glob("*/*.yaml"))
+# the model each generic template is read with (they name no model: pretrained_model_dir is a placeholder)
+MODEL_FOR = {"general/llm_pretrain_dense_template.yaml": HF / "Qwen3-32B",
+             "general/llm_finetune_dense_template.yaml": HF / "Qwen3-32B",
+             "general/llm_pretrain_moe_template.yaml": HF / "Qwen3-30B-A3B",
+             "general/llm_finetune_moe_template.yaml": HF / "Qwen3-30B-A3B",
+             "qwen3/finetune_qwen3.yaml": HF / "Qwen3-32B", "deepseek3/finetune_deepseek3_671b.yaml": HF / "DeepSeek-V3",
+             "deepseek3/finetune_deepseek3_12b_16p_pp16.yaml": HF / "DeepSeek-V3"}
+# read, but not said to fit as shipped, each for a reason the doctor prints: the templates are 2x2x2 = 8
+# devices for any model (32B does not fit on 8), and DeepSeek-V4 Flash/Pro ship global_batch_size 8, which
+# caps data_parallel_shard at 8 ranks for a 297B/1.6T model
+NOT_FIT_AS_SHIPPED = {c for c in CONFIGS if c.startswith("general/")} | {
+    "deepseek4/pretrain_deepseek4_flash.yaml", "deepseek4/pretrain_deepseek4_pro.yaml"}
+
+
+def _dialect_in_header(path: Path) -> str:
+    head = path.read_text().splitlines()[:6]
+    line = next(x for x in head if "dialect:" in x)
+    return {"mcore": "mcore", "2.x": "pynative", "r1.x": "r1.x"}[line.split("dialect:")[1].split()[0]]
+
+
+def test_the_wheel_ships_19_training_configs():
+    assert len(CONFIGS) == 19, CONFIGS
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_training_config_of_the_2_1_0_wheel_is_read(name):
+    r = D.diagnose(str(W / name), model_config=MODEL_FOR.get(name), search=False)
+    st, cfg = r["step"], r["config"]
+    assert cfg.dialect == _dialect_in_header(W / name)
+    assert r["fits"] == (name not in NOT_FIT_AS_SHIPPED), (name, r["verdict"])
+    assert 0.02 < st["mfu_6n"] < 0.6, (name, st["mfu_6n"])            # a plausible MFU
+    assert sum(st[k] for k, _ in D.TERMS) == pytest.approx(st["step_s"])
+    assert (st["n_active_params"] < st["n_params"]) == (cfg.model.moe is not None)
+
+
+@pytest.mark.parametrize("name, total, active", [
+    ("qwen3/pretrain_qwen3_32b_4k.yaml", 32.8e9, 32.8e9),
+    ("qwen3_moe/pretrain_qwen3_30b_a3b_4k.yaml", 30.5e9, 3.3e9),
+    ("deepseek3/pretrain_deepseek3_671b.yaml", 671e9, 37e9)])
+def test_parameter_counts_match_the_models_own(name, total, active):
+    cfg = D.read_config(W / name)
+    assert D.param_count(cfg) == pytest.approx(total, rel=0.01)
+    assert D.param_count(cfg, active=True) == pytest.approx(active, rel=0.02)
+
+
+def test_deepseek_v3_without_config_json_takes_mindformers_class_defaults_and_says_so():
+    a = D.read_config(W / "deepseek3/pretrain_deepseek3_671b.yaml")
+    b = D.read_config(W / "deepseek3/pretrain_deepseek3_671b.yaml", model_config=HF / "DeepSeek-V3")
+    assert a.model == b.model and a.model.attention == "mla" and a.model.moe.routed == 256
+    assert any("config class defaults" in n for n in a.notes)
+    assert a.layout.vpp == 2 and a.layout.stage_layers == (8,) * 7 + (5,)    # offsets [[1]*8, [1]*7 + [-2]]
+
+
+def test_moe_is_priced_by_its_active_experts_and_pays_for_all_to_all():
+    hw = D.hardware("atlas-800t-a2")
+    d = yaml.safe_load((W / "qwen3_moe/pretrain_qwen3_30b_a3b_4k.yaml").read_text())
+    moe = D.step_time(D.read_config(d), hw)
+    dense = dict(d, model={"model_config": {k: v for k, v in d["model"]["model_config"].items()
+                                            if k not in ("num_experts", "num_experts_per_tok")}})
+    dense["model"]["model_config"]["intermediate_size"] = 128 * 768      # every expert's width, as a dense FFN
+    as_dense = D.step_time(D.read_config(dense), hw)
+    assert moe["ep_s"] > 0 and as_dense["ep_s"] == 0
+    assert moe["tokens_per_s_per_device"] > 3 * as_dense["tokens_per_s_per_device"]
+
+
+def test_vpp_shrinks_the_bubble_and_context_parallel_adds_its_traffic():
+    hw = D.hardware("atlas-800t-a2")
+    c = D.read_config(W / "telechat3/pretrain_telechat3_36b.yaml")
+    assert c.layout.vpp == 2 and c.layout.full_recompute == (28, 28)    # recompute [[14, 14], [14, 14]]
+    flat = D.with_layout(c, pp_interleave_num=1, recompute=[28, 28])
+    assert D.step_time(c, hw)["bubble_s"] == pytest.approx(D.step_time(flat, hw)["bubble_s"] / 2, rel=0.05)
+    d = yaml.safe_load((W / "qwen3/pretrain_qwen3_32b_4k.yaml").read_text())
+    for algo in ("colossalai_cp", "ulysses_cp"):
+        d["parallel_config"].update(context_parallel=2, context_parallel_algo=algo)
+        cp = D.read_config(d)
+        assert cp.layout.cp == 2 and cp.devices == 32 and cp.layout.cp_kind == ("ulysses" if "ulysses" in algo else "ring")
+        assert D.step_time(cp, hw)["cp_s"] > 0
+
+
+def test_telechat3_moe_offsets_are_spread_and_said():
+    c = D.read_config(W / "telechat3_moe/pretrain_telechat3_105b_a4b_4k.yaml")
+    assert sum(c.layout.stage_layers) == 45 and len(c.layout.stage_layers) == 8
+    assert any("45 % 8 = 5" in n for n in c.notes)
+
+
+def test_pynative_config_reads_its_own_sections():
+    c = D.read_config(W / "deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml")
+    assert c.dialect == "pynative" and c.layout.dp == 8 and c.layout.optimizer_shard == "fsdp"
+    assert any("data_parallel_shard=-1" in n for n in c.notes)
+    c4 = D.read_config(W / "deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml", devices=4)
+    assert c4.layout.dp == 4 and c4.layout.grad_accum == 2
+    with pytest.raises(D.DoctorError) as e:
+        D.read_config(W / "deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml", devices=3)
+    assert "fix:" in str(e.value)
+
+
+def test_json_carries_total_and_active_parameters(capsys):
+    code = D.main([str(W / "qwen3_moe/pretrain_qwen3_30b_a3b_4k.yaml"), "--no-search", "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and out["n_params"] > 9 * out["n_active_params"] > 0 and out["dialect"] == "mcore"
+
+
+def test_glm_keys_send_the_user_after_glm_names(tmp_path, capsys):
+    d = yaml.safe_load((W / "glm4/finetune_glm4_9b.yaml").read_text())
+    del d["model"]["model_config"]["num_layers"]
+    p = tmp_path / "g.yaml"
+    p.write_text(yaml.safe_dump(d))
+    assert D.main([str(p), "--no-search"]) == 2
+    assert "num_layers" in capsys.readouterr().err
+
+
+def test_log_of_a_real_cli_run_gives_measured_mfu_and_the_error(tmp_path, capsys):
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "mshelpers.train", "--preset", "tiny", "--steps", "8", "--out", str(run),
+                    "--quiet"], check=True, capture_output=True)
+    from mshelpers.config import RunConfig
+    y = tmp_path / "tiny.yaml"
+    y.write_text(yaml.safe_dump(D.mini_config(RunConfig.preset("tiny")).raw))
+    code = D.main([str(y), "--hardware", "cpu", "--log", str(run / "metrics.csv"), "--refit", "--json",
+                   "--out", str(tmp_path / "o")])
+    out = capsys.readouterr().out
+    lg = json.loads(out.strip().splitlines()[-1])["log"]
+    assert code == 0 and lg["format"] == "metrics.csv" and lg["n_used"] >= 5
+    assert 0 < lg["mfu_6n"] < lg["mfu_attention"] < 1
+    assert lg["error"] == pytest.approx(lg["predicted_tokens_per_s_per_device"] /
+                                        lg["measured_tokens_per_s_per_device"] - 1)
+    assert lg["refit"]["compute_efficiency"] < lg["refit"]["was"]          # a CPU in PyNative: far below Ascend's
+    assert (tmp_path / "o" / "predicted_vs_measured.png").stat().st_size > 1000
+    assert "## Your run (--log)" in out
+
+
+def test_log_that_is_not_a_log_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "x.log"
+    bad.write_text("nothing here\n")
+    assert D.main([str(DATA / "r1.2.0_pretrain_llama2_7b.yaml"), "--no-search", "--log", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("doctor: error: --log=") and "fix:" in err[0]
+
+
+def test_kendall_tau_counts_concordant_pairs():
+    assert D.kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
+    assert D.kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
+    assert D.kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
