@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import statistics
 from dataclasses import dataclass
@@ -26,15 +27,55 @@ class Calibration:
     comm_time_factor: float              # exposed collective time / (bytes / link bandwidth): < 1 when part
                                          # overlaps compute (fine_grain_interleave), > 1 when links fall short
     fitted_on: tuple = ()
+    half_width: float = 0.0              # per-device hidden width h / tp at which matmuls reach half their rate
+    attention_efficiency: float = 1.0    # attention's rate relative to the matmuls' (flash attention kernels)
 
     def row(self) -> dict:
         return {"compute_efficiency": round(self.compute_efficiency, 4),
-                "comm_time_factor": round(self.comm_time_factor, 4), "fitted_on": ", ".join(self.fitted_on)}
+                "comm_time_factor": round(self.comm_time_factor, 4), "half_width": round(self.half_width, 1),
+                "attention_efficiency": round(self.attention_efficiency, 4), "fitted_on": ", ".join(self.fitted_on)}
 
 
 FIT_POINTS = tuple(p["file"] for p in PUBLISHED if p["role"] == "fit")
 # Values fit_calibration() returns on FIT_POINTS (tests/test_doctor.py re-fits and compares).
-CALIBRATION = Calibration(compute_efficiency=0.5992, comm_time_factor=1.2702, fitted_on=FIT_POINTS)
+CALIBRATION = Calibration(compute_efficiency=0.7124, comm_time_factor=3.053, fitted_on=FIT_POINTS,
+                          half_width=543.9, attention_efficiency=0.8100)
+
+
+# Targets on the check rows (no fit row, no excluded row): dense families median |error| <= 15 % and largest
+# <= 35 %, MoE rows within 50 %. The families that miss them, each with what the data say about why.
+TARGET_DENSE_MEDIAN, TARGET_DENSE_MAX, TARGET_MOE = 0.15, 0.35, 0.50
+OFF_FAMILIES: dict[tuple[str, bool], str] = {
+    ("baichuan2", False): "optimistic on the four Atlas 800T A2 rows, whose tables name no hardware (assumed); the "
+                          "one Atlas 900 A2 PoDc row of the same 13B YAML (1640 against 1465) is within 1 %",
+    ("chatglm3", False): "the branches disagree: ChatGLM3-6B-32K is published at 907 (r1.0) and 778 (r1.1.0) against "
+                         "1442 (r1.2.0) and 1583 (r1.3.0, a fit point) with the same layout",
+    ("gpt2", False): "pessimistic: 8-way tensor parallel without sequence parallel is priced with the collective factor "
+                     "fitted on Llama 2 70B, and GPT-2's LayerNorm/GeLU block without flash attention is not costed",
+    ("internlm", False): "optimistic by 25-28 % on both 7B figures (seq 2048, batch 2); r1.1.0 prints '3182 tokens/s' "
+                         "without '/p'. Not explained by the model's terms",
+    ("qwen1.5", False): "the branches disagree: the same pre-training YAMLs are published at 1048/675 (r1.2.0, no "
+                        "hardware named) and 1417/787 (r1.3.0); the 0.5B model (hidden 1024, +109 %) is beyond what "
+                        "the width term was fitted on",
+    ("qwen2", False): "pessimistic by 14-19 % on the two small 32K-sequence models (hidden 896 and 1536, tp 2)",
+    ("telechat", False): "the branches disagree: TeleChat-7B/12B are published at 1940/1433 (r1.1.0) and 3400/1996 "
+                         "(r1.5.0); the r1.5.0 rows are within 10 %",
+    ("yi", False): "one row: Yi-6B at r1.1.0 (+38 %, no hardware named); the two 34B rows are within 8 %",
+    ("deepseek-v2", True): "36 tokens/s/p is 1 % MFU for 21B active parameters: the row looks mislabelled, or the "
+                           "r1.3.0 MoE without grouped GEMM ran far below what the model costs",
+    ("qwen2-moe", True): "optimistic 2.6x at seq 32768 with 64 experts (top 8) and 8 shared: r1.3.0's MoE dispatch "
+                         "and expert kernels are not costed beyond their FLOPs",
+}
+
+
+def off_families(rows: list[dict]) -> set[tuple[str, bool]]:
+    """(family, moe) pairs whose check rows miss the targets."""
+    out = set()
+    for f in family_summary(rows):
+        if f["moe"] and f["max_abs_error"] > TARGET_MOE or not f["moe"] and (
+                f["median_abs_error"] > TARGET_DENSE_MEDIAN or f["max_abs_error"] > TARGET_DENSE_MAX):
+            out.add((f["family"], f["moe"]))
+    return out
 
 
 def fixture_dir() -> str:
@@ -51,33 +92,62 @@ def family_of(p: dict) -> str:
 
 
 def fit_calibration(data_dir: str | None = None) -> Calibration:
-    """Fit (compute_efficiency, comm_time_factor) so that the fit rows come out at their published tokens/s/p.
+    """Fit the four constants so that the four fit rows come out at their published tokens/s/p.
 
-    Two constants: the first fit row (no tensor parallel) sets the compute efficiency, the second (tensor
-    and pipeline parallel) the share of link bandwidth the collectives get. Nested bisection; nothing else
-    is looked at.
+    The rows: Llama 2 7B pre-training (dp 8, no tensor parallel: the compute efficiency), Llama 2 70B
+    pre-training (mp 4 with sequence parallel, pp 8: the collectives' share of link bandwidth), Qwen1.5-1.8B
+    fine-tuning (hidden 2048: how narrow matmuls slow down) and ChatGLM3-6B-32K fine-tuning (seq 32768: the
+    attention kernels' rate). Gauss-Newton on log(predicted / published), four equations, four unknowns;
+    nothing else is looked at.
     """
     data_dir = data_dir or fixture_dir()
     pts = [p for p in PUBLISHED if p["role"] == "fit"]
     cfgs = [read_config(os.path.join(data_dir, p["file"])) for p in pts]
     hws = [hardware(p["hw"]) for p in pts]
+    lo, hi = [0.05, 0.05, 0.0, 0.05], [1.5, 20.0, 20000.0, 4.0]
 
-    def eta_c_for(comm: float) -> float:
-        lo, hi = 0.05, 1.5
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            pred = step_time(cfgs[0], hws[0], Calibration(mid, comm))["tokens_per_s_per_device"]
-            lo, hi = (mid, hi) if pred < pts[0]["tokens_s_p"] else (lo, mid)
-        return (lo + hi) / 2
+    def residuals(x: list[float]) -> list[float]:
+        c = Calibration(x[0], x[1], (), x[2], x[3])
+        return [math.log(step_time(cf, hw, c)["tokens_per_s_per_device"] / p["tokens_s_p"])
+                for cf, hw, p in zip(cfgs, hws, pts)]
 
-    lo, hi = 0.02, 2.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        c = Calibration(eta_c_for(mid), mid)
-        pred = step_time(cfgs[1], hws[1], c)["tokens_per_s_per_device"]
-        lo, hi = (mid, hi) if pred < pts[1]["tokens_s_p"] else (lo, mid)
-    comm = (lo + hi) / 2
-    return Calibration(eta_c_for(comm), comm, fitted_on=tuple(p["file"] for p in pts))
+    x = [0.6, 1.3, 500.0, 1.0][:4]
+    for _ in range(50):
+        r = residuals(x)
+        if max(map(abs, r)) < 1e-9:
+            break
+        jac = []
+        for j in range(4):
+            h = 1e-6 * max(abs(x[j]), 1.0)
+            xp = list(x)
+            xp[j] += h
+            jac.append([(a - b) / h for a, b in zip(residuals(xp), r)])
+        step = _solve([[jac[j][i] for j in range(4)] for i in range(len(r))], [-v for v in r])
+        t = 1.0
+        while t > 1e-4:                 # damped: take the step only if it lowers the residual
+            xn = [min(max(v + t * d, a), b) for v, d, a, b in zip(x, step, lo, hi)]
+            if sum(v * v for v in residuals(xn)) < sum(v * v for v in r):
+                x = xn
+                break
+            t /= 2
+        else:
+            break
+    return Calibration(x[0], x[1], tuple(p["file"] for p in pts), x[2], x[3])
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """x with a x = b (least squares through the normal equations, Gaussian elimination with pivoting)."""
+    n = len(a[0])
+    m = [[sum(a[k][i] * a[k][j] for k in range(len(a))) + (1e-12 if i == j else 0) for j in range(n)]
+         + [sum(a[k][i] * b[k] for k in range(len(a)))] for i in range(n)]
+    for c in range(n):
+        piv = max(range(c, n), key=lambda r: abs(m[r][c]))
+        m[c], m[piv] = m[piv], m[c]
+        for r in range(n):
+            if r != c and m[c][c]:
+                f = m[r][c] / m[c][c]
+                m[r] = [v - f * w for v, w in zip(m[r], m[c])]
+    return [m[i][n] / m[i][i] if m[i][i] else 0.0 for i in range(n)]
 
 
 def calibration_table(data_dir: str | None = None, calib: Calibration = CALIBRATION,
@@ -91,6 +161,7 @@ def calibration_table(data_dir: str | None = None, calib: Calibration = CALIBRAT
         mem = memory_per_stage(cfg)
         pred = st["tokens_per_s_per_device"]
         rows.append({"config": p["file"], "hardware": p["hw"], "role": p["role"], "family": family_of(p),
+                     "reason": p.get("reason", ""),
                      "moe": cfg.model.moe is not None, "published": p["tokens_s_p"], "predicted": round(pred),
                      "error": pred / p["tokens_s_p"] - 1, "fits": mem["fits"],
                      "memory_GiB": round(mem["memory_per_device_bytes"] / 2**30, 1),
@@ -102,9 +173,9 @@ def calibration_table(data_dir: str | None = None, calib: Calibration = CALIBRAT
 
 def calibration_summary(rows: list[dict]) -> dict:
     """Median and largest |error| over the rows not used for fitting, and whether every config fits."""
-    errs = [abs(r["error"]) for r in rows if r["role"] != "fit"]
+    errs = [abs(r["error"]) for r in rows if r["role"] == "check"]
     return {"n_checked": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs),
-            "all_fit": all(r["fits"] for r in rows)}
+            "all_fit": all(r["fits"] for r in rows if r["role"] != "excluded")}
 
 
 def family_summary(rows: list[dict]) -> list[dict]:
@@ -112,7 +183,7 @@ def family_summary(rows: list[dict]) -> list[dict]:
     out = []
     groups: dict[tuple, list] = {}
     for r in rows:
-        if r["role"] == "fit":
+        if r["role"] != "check":
             continue
         groups.setdefault((r.get("moe", False), r["family"]), []).append(r)
     for (moe, fam), rs in sorted(groups.items()):

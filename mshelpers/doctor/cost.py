@@ -141,8 +141,13 @@ def stage_layer_ids(cfg: Config) -> list[list[int]]:
 
 
 def expert_shard(cfg: Config) -> int:
-    """Ranks one layer's routed experts are split over: EP ranks, or the TP ranks when EP is smaller."""
-    return max(cfg.layout.ep, cfg.layout.tp)
+    """Ranks one layer's routed experts are split over: EP ranks (over the experts) times TP ranks (over each
+    expert's FFN width), at most the dp x tp ranks EP is carved out of."""
+    return _expert_shard(cfg.layout)
+
+
+def _expert_shard(lay: Any) -> int:
+    return min(lay.ep * lay.tp, lay.dp * lay.tp)
 
 
 def stage_params(cfg: Config, i: int) -> tuple[float, float]:
@@ -165,7 +170,7 @@ def _stage_params(m: Model, lay: Any, i: int) -> tuple[float, float]:
             mtp_expert = m.mtp * expert_params(m, m.layers - 1)
             expert += mtp_expert
             dense += (mtp_params(m) - mtp_expert) / lay.tp
-    return dense, expert / max(lay.ep, lay.tp)
+    return dense, expert / _expert_shard(lay)
 
 
 def _group_bw(hw: Any, span: int, n: int) -> tuple[float, float]:
@@ -189,7 +194,12 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     m, lay = cfg.model, cfg.layout
     tokens_micro = lay.batch * lay.interleave * m.seq / lay.cp     # tokens of one micro-batch on one device
     peak = hw.peak(lay.compute_dtype)
-    rate = peak * calib.compute_efficiency
+    # matmuls run at compute_efficiency x w / (w + half_width) of peak, w = the per-device hidden width h / tp
+    # (narrow shards feed the cube units worse); attention at attention_efficiency of that
+    width = m.hidden / lay.tp
+    half = getattr(calib, "half_width", 0.0)
+    rate = peak * calib.compute_efficiency * width / (width + half)
+    rate_attn = rate * getattr(calib, "attention_efficiency", 1.0)
     eff_comm = calib.comm_time_factor
     act_bytes = tokens_micro * m.hidden * 2
     tp_bw, tp_lat = _group_bw(hw, lay.tp, lay.tp)
@@ -201,14 +211,18 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     for i in range(lay.pp):
         ops = [layer_ops(m, j) for j in ids[i]]
         fwd = sum(sum(o.values()) for o in ops) + (head_flops(m) if i == lay.pp - 1 else 0)
+        attn = sum(o["attention"] for o in ops) + (m.mtp * ops[-1]["attention"] if i == lay.pp - 1 and ops else 0)
         n_full = lay.full_recompute[i]
         rec = sum(sum(o.values()) for o in ops[:n_full])
+        rec_attn = sum(o["attention"] for o in ops[:n_full])
         for pat, k in lay.select_ops[i]:
             names = pattern_ops(pat)
             rec += sum(sum(o.get(n, 0) for n in names) for o in ops[n_full:n_full + k])
+            rec_attn += sum(o["attention"] for o in ops[n_full:n_full + k]) if "attention" in names else 0
         flops = tokens_micro * (3 * fwd + rec) / lay.tp
+        flops_attn = tokens_micro * (3 * attn + rec_attn) / lay.tp
         hw_flops_total += flops * lay.tp * lay.dp * lay.cp
-        c = flops / rate
+        c = (flops - flops_attn) / rate + flops_attn / rate_attn
         n = len(ids[i])
         t = 0.0
         if lay.tp > 1:
@@ -307,7 +321,15 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
         fsdp = lay.optimizer_shard == "fsdp" and lay.dp > 1
         dshard, eshard = (lay.dp, replicas_expert) if po else (1, 1)
         params = pb * (dense / dshard + expert / eshard) if (po or fsdp) else pb * (dense + expert)
-        grads = pb * ((dense / lay.dp + expert / replicas_expert) if fsdp else dense + expert)
+        # gradients: whole, unless sharded over dp: FSDP; or MindSpore's parallel optimizer without
+        # accumulation, whose graph reduce-scatters each gradient as the backward produces it and keeps its
+        # slice (one layer's whole gradients are alive at a time)
+        if fsdp or (po and not accum):
+            grads = pb * (dense / lay.dp + expert / replicas_expert)
+            if not fsdp and ids[i]:
+                grads += pb * layer_params(m, ids[i][0]) / lay.tp
+        else:
+            grads = pb * (dense + expert)
         states = lay.state_bytes * (dense / dshard + expert / eshard)
         # accumulating (pipeline micro-batches or gradient accumulation): MindSpore adds each micro-batch's
         # gradients into the accu_grads buffer as the backward produces them, so the buffer is the one

@@ -101,6 +101,8 @@ def _ffn_size(h: int, multiple_of: Any, mult: Any, given: Any) -> int:
     """SwiGLU width as mindformers' LlamaFeedForward computes it when intermediate_size is not given."""
     if given:
         return int(given)
+    if _is_int(mult) and mult >= 64:
+        return int(mult)                # TeleChat's r1.x YAMLs give the FFN width itself as ffn_dim_multiplier
     f = 4 * h
     if mult is not None and isinstance(mult, (int, float)) and not isinstance(mult, bool) and mult > 0:
         f = int((mult + 0.01) * f)
@@ -152,8 +154,7 @@ def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str
     kv = get("kv_heads", zero_ok=True) or a
     if mc.get("multi_query_attention") is False and "multi_query_group_num" in mc and not mc.get("n_kv_heads"):
         kv = a                                                  # ChatGLM with MQA switched off
-    mla = bool(mc.get("multi_latent_attention")) or (mc.get("kv_lora_rank") not in (None, 0) and dialect != "r1.x") \
-        or "deepseek" in str(mc.get("model_type", "")).lower() and mc.get("kv_lora_rank") is not None
+    mla = bool(mc.get("multi_latent_attention")) or _is_int(mc.get("kv_lora_rank")) and mc["kv_lora_rank"] > 0
     hd = get("head_dim") or h // a
     if a > h or h % a and not mc.get("head_dim") and not mc.get("kv_channels"):
         raise DoctorError(f"{where}.{_pick(mc, 'heads', where, dialect)[0]}", a,
@@ -163,6 +164,9 @@ def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str
     if kv > a or a % kv:
         raise DoctorError(f"{where}.{_pick(mc, 'kv_heads', where, dialect)[0]}", kv,
                           f"a kv-head count dividing the head count {a}")
+    if isinstance(mc.get("ffn_dim_multiplier"), float) and not math.isfinite(mc["ffn_dim_multiplier"]):
+        raise DoctorError(f"{where}.ffn_dim_multiplier", mc["ffn_dim_multiplier"], "a finite FFN width multiplier "
+                          "(e.g. 1.3), or leave it out")
     ffn = _ffn_size(h, mc.get("multiple_of"), mc.get("ffn_dim_multiplier"),
                     get("ffn") if _pick(mc, "ffn", where, dialect, required=False)[0] else None)
     moe = None

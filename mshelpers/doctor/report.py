@@ -144,8 +144,9 @@ def render_text(r: dict) -> str:
                      f"{row['memory_GiB']} | {_short(row['changes'], 8)} |")
         L.append("")
     L += ["## Where the figures come from", "",
-          f"- calibration: compute efficiency {cal.compute_efficiency:.4f} of peak, comm time factor {cal.comm_time_factor:.4f} "
-          f"(exposed collective time / datasheet link time), "
+          f"- calibration: compute efficiency {cal.compute_efficiency:.4f} of peak at wide shards, halved at a per-device "
+          f"width h/tp of {cal.half_width:.0f}; attention at {cal.attention_efficiency:.2f} of the matmul rate; comm time "
+          f"factor {cal.comm_time_factor:.3f} (exposed collective time / datasheet link time); "
           f"fitted on {', '.join(cal.fitted_on) or 'nothing'} only (see `calibration_table`)"]
     L += [f"- {k}: {v}" for k, v in hw.sources.items()]
     return "\n".join(L) + "\n"
