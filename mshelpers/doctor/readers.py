@@ -66,12 +66,13 @@ _OPTIONAL = {"kv_heads", "head_dim", "ffn", "experts", "top_k", "expert_ffn", "s
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and int(v) == v
+    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and math.isfinite(v)
+                                                                and v.is_integer())   # no float(2**1100) overflow
 
 
 def _count(v: Any, where: str, *, zero_ok: bool = False) -> int:
-    if not _is_int(v) or v < (0 if zero_ok else 1):
-        raise DoctorError(where, v, f"a {'non-negative' if zero_ok else 'positive'} integer")
+    if v < (0 if zero_ok else 1) or v >= 2**31:
+        raise DoctorError(where, v, f"a {'non-negative' if zero_ok else 'positive'} integer below 2**31")
     return int(v)
 
 
@@ -113,10 +114,11 @@ def _ffn_size(h: int, multiple_of: Any, mult: Any, given: Any) -> int:
 
 def parse_size(text: Any) -> int:
     """Bytes in a MindSpore size such as "58GB" (GB = 1024**3, as mshelpers.memory.parse_memory_size)."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool) and math.isfinite(text) and text > 0:
+    if isinstance(text, (int, float)) and not isinstance(text, bool) and 0 < text < 2**64 and \
+            (isinstance(text, int) or math.isfinite(text)):       # (math.isfinite(2**1100) raises OverflowError)
         return int(text)
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B)\s*", str(text), flags=re.IGNORECASE)
-    if not m or float(m.group(1)) <= 0:
+    if not m or not 0 < float(m.group(1)) < 2**64:                # "999...9GB" is float inf
         raise ValueError(text)
     return int(float(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2).upper()])
 
@@ -147,6 +149,8 @@ def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str
         return _count(v, f"{where}.{k}", zero_ok=zero_ok)
 
     h, L, a, V = get("hidden"), get("layers"), get("heads"), get("vocab")
+    if L > 100_000:                                 # the cost model walks the layers: keep a hostile count quick
+        raise DoctorError(f"{where}.{_pick(mc, 'layers', where, dialect)[0]}", L, "a model's layer count (<= 100000)")
     s = get("seq", required=False) or (None if seq is None else _count(seq, "seq_length"))
     if s is None:
         raise DoctorError(f"{where}.seq_length", None, f"{dialect} dialect: set {where}.seq_length (or the "
@@ -213,6 +217,10 @@ def stage_split(L: int, pp: int, vpp: int, offset: Any, where: str, notes: list)
     (mindformers 2.1.0 parallel_core/training_graph/transformer/utils.py, LayerSetting._check_inputs: an
     int, a per-stage list, or a per-chunk list of per-stage lists, summing to L % (pp * vpp))."""
     n = pp * vpp
+    if n > L:                                       # also keeps the per-stage lists below from growing with pp
+        raise DoctorError("parallelism.pipeline_parallel" if where.startswith("parallelism") else
+                          "parallel_config.pipeline_stage", pp, f"at most one pipeline stage (x {vpp} interleave "
+                          f"chunks) per layer: {L} layers")
     base = L // n
     off = offset if offset is not None else 0
     if isinstance(off, bool) or not (_is_int(off) or isinstance(off, (list, tuple))):
@@ -312,7 +320,7 @@ def _ranges(value: Any, n_layers: int, where: str) -> list[int]:
         if not m:
             raise DoctorError(where, value, 'layer ids or ranges, e.g. [0-42] or ["0-3", 7]')
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-        ids.update(range(lo, hi + 1))
+        ids.update(range(lo, min(hi, n_layers - 1) + 1))     # "0-99999999999" must not build that set
     return sorted(i for i in ids if i < n_layers)
 
 
