@@ -71,7 +71,7 @@ def _is_int(v: Any) -> bool:
 
 
 def _count(v: Any, where: str, *, zero_ok: bool = False) -> int:
-    if v < (0 if zero_ok else 1) or v >= 2**31:
+    if not _is_int(v) or v < (0 if zero_ok else 1) or v >= 2**31:
         raise DoctorError(where, v, f"a {'non-negative' if zero_ok else 'positive'} integer below 2**31")
     return int(v)
 
