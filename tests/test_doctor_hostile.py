@@ -21,13 +21,11 @@ from mshelpers.doctor import ALIASES, main
 DATA = Path(__file__).parent / "data" / "mindformers"
 SEEDS = (
     "r1.2.0_pretrain_llama2_7b.yaml",
-    "r1.2.0_pretrain_llama2_70b.yaml",
     "r1.2.0_finetune_mixtral-8x7b.yaml",                        # r1.x MoE with a top-level moe_config
     "2.1.0/qwen3/pretrain_qwen3_32b_4k.yaml",
     "2.1.0/qwen3_moe/pretrain_qwen3_30b_a3b_4k.yaml",
     "2.1.0/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml",   # 2.x PyNative dialect
     "2.1.0/glm4/finetune_glm4_9b.yaml",
-    "2.1.0/telechat3/pretrain_telechat3_36b.yaml",
 )
 PARSED = {s: yaml.safe_load((DATA / s).read_text()) for s in SEEDS}
 # the top-level keys the readers consult; the sweep writes each seed with only these (the doctor's answer is the

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import cli_fork
+
 from mshelpers.doctor import logs as dl
 from mshelpers.doctor.logs import LogError
 
@@ -297,8 +299,7 @@ def test_bad_step_times_raise(t):
 @pytest.fixture(scope="module")
 def run_csv(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run") / "tiny"
-    proc = subprocess.run([sys.executable, "-m", "mshelpers.train", "--preset", "tiny", "--steps", "6",
-                           "--out", str(out), "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    proc = cli_fork.run(["--preset", "tiny", "--steps", "6", "--out", str(out), "--quiet"], cwd=ROOT, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "metrics.csv"
 
