@@ -29,7 +29,11 @@ MODEL_FOR = {"general/llm_pretrain_dense_template.yaml": "Qwen3-32B", "general/l
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--scatter", default=None, help="also write predicted against published as a PNG here")
     a = ap.parse_args()
+    if a.scatter:
+        D.published_scatter(D.calibration_table(), a.scatter)
+        print(f"wrote {a.scatter}")
     files = [(p.relative_to(DATA / "2.1.0").as_posix(), p) for p in sorted((DATA / "2.1.0").glob("*/*.yaml"))]
     files.append(("Llama 2 70B (r1.2.0 pretrain)", DATA / "r1.2.0_pretrain_llama2_70b.yaml"))
     print(f"# doctor, search included, best of {a.rounds}; {cpu_info().get('cpu_model')}")

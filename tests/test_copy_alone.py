@@ -315,7 +315,7 @@ NOT_PLAIN: dict[str, set[str]] = {
     "launch": {"MsrunError", "RankResult", "MsrunResult", "msrun"},
     "doctor": {"DoctorError", "DoctorHardware", "Calibration", "Config", "load_with_mindformers", "write_outputs",
                "summary_json", "render_text", "fit_calibration", "guide_13b_steps", "Model", "MoE",
-               "figures", "measured_run"},   # take files, results or mindformers
+               "figures", "measured_run", "published_scatter"},   # take files, results or mindformers
     "memory": set(),
     "metrics": {"peak_flops"},      # measuring (refresh) needs MindSpore; the cached read is called above
     "model": {"llama_config", "build_model", "count_params"},

@@ -1,8 +1,7 @@
 """smalllm.RMSNorm under AMP: what its float32 statistics really run in (notebook 03, section 2)."""
+import mindspore as ms
 import numpy as np
 import pytest
-
-ms = pytest.importorskip("mindspore")
 
 
 @pytest.mark.parametrize("mode,expected", [("pynative", "Float16"), ("graph", "Float32")])

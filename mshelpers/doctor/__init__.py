@@ -45,7 +45,8 @@ from .describe import Config, DoctorError, Layout, Model, MoE
 from .hardware import HARDWARE, HARDWARE_NAMES, DoctorHardware, hardware
 from .published import PUBLISHED
 from .readers import ALIASES, dialect_of, load_yaml, parse_size, read_config, read_model, stage_split, with_layout
-from .report import diagnose, figures, load_with_mindformers, render_text, summary_json, write_outputs
+from .report import (diagnose, figures, load_with_mindformers, published_scatter, render_text, summary_json,
+                     write_outputs)
 from .search import better_layouts, changed_keys
 
 _with = with_layout                 # the name the single-file doctor had

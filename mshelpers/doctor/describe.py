@@ -139,6 +139,7 @@ class Config:
     dialect: str                    # "r1.x", "mcore", "pynative"
     raw: dict = field(default_factory=dict, compare=False, repr=False)
     notes: tuple = ()               # what the reader assumed (a derived dp, a merged config.json, ...)
+    model_config: Any = field(default=None, compare=False, repr=False)   # the config.json merged, if any
 
     # the flat names of the single-dataclass doctor, kept for code written against it
     def __getattr__(self, name: str) -> Any:

@@ -458,7 +458,7 @@ def _static(d: dict, dialect: str, budget: Any, model_config: Any) -> Config:
                     compute_dtype=cdt, param_bytes=2 if pdt in _HALF else 4,
                     state_bytes=4 if any(k in opt.lower() for k in ("sgd", "momentum")) else 8)
     return _checked(Config(model=m, layout=layout, budget_bytes=_budget(budget, ctx), dialect=dialect, raw=d,
-                           notes=tuple(notes)))
+                           notes=tuple(notes), model_config=model_config))
 
 
 def _pynative(d: dict, budget: Any, model_config: Any, devices: int | None) -> Config:
@@ -542,7 +542,7 @@ def _pynative(d: dict, budget: Any, model_config: Any, devices: int | None) -> C
                     state_bytes=8)
     ctx = _section(d, "context")
     return _checked(Config(model=m, layout=layout, budget_bytes=_budget(budget, ctx, "59GB"), dialect="pynative",
-                           raw=d, notes=tuple(notes)))
+                           raw=d, notes=tuple(notes), model_config=model_config))
 
 
 def _checked(cfg: Config) -> Config:
@@ -671,7 +671,7 @@ def with_layout(cfg: Config, **kw) -> Config:
         par["data_parallel_shard"] = dp
         tr["local_batch_size"] = b
         tr["global_batch_size"] = b * dp * n
-        return read_config(d, budget=cfg.budget_bytes)
+        return read_config(d, budget=cfg.budget_bytes, model_config=cfg.model_config)
     for k, v in kw.items():
         if k not in _STATIC_KEYS:
             raise KeyError(k)
@@ -679,7 +679,7 @@ def with_layout(cfg: Config, **kw) -> Config:
         for p in _STATIC_KEYS[k]:
             node = node.setdefault(p, {})
         node[k] = v
-    return read_config(d, budget=cfg.budget_bytes)
+    return read_config(d, budget=cfg.budget_bytes, model_config=cfg.model_config)
 
 
 def _layer_ranges(counts: Any, cfg: Config, pp: int) -> list[str]:

@@ -264,6 +264,36 @@ def figures(r: dict, out_dir: str) -> dict[str, str]:
     return paths
 
 
+def published_scatter(rows: list[dict], path: str | None = None) -> Any:
+    """Predicted against published tokens/s/p of `calibration_table` rows, coloured by family (fit points ringed,
+    excluded rows left out), log axes, the ±35 % band dotted. Saves to `path` when given; returns the figure."""
+    import matplotlib
+    if path:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    for i, fam in enumerate(sorted({r["family"] for r in rows})):
+        pts = [(r["published"], r["predicted"]) for r in rows if r["family"] == fam and r["role"] != "excluded"]
+        if pts:                         # 10 colours x 3 markers: every family its own pair
+            ax.scatter(*zip(*pts), s=20, label=fam, color=f"C{i % 10}", marker="o^s"[i // 10 % 3])
+    fit = [(r["published"], r["predicted"]) for r in rows if r["role"] == "fit"]
+    ax.scatter(*zip(*fit), s=90, facecolors="none", edgecolors="k", label="fit points")
+    pub = [r["published"] for r in rows if r["role"] != "excluded"]
+    lim = [min(pub) / 1.5, max(pub) * 1.5]
+    ax.plot(lim, lim, "k-", lw=0.8)
+    ax.plot(lim, [1.35 * x for x in lim], "k:", lw=0.6)
+    ax.plot(lim, [x / 1.35 for x in lim], "k:", lw=0.6)
+    ax.set_xscale("log"), ax.set_yscale("log")
+    ax.set_xlabel("published tokens/s/p"), ax.set_ylabel("predicted tokens/s/p")
+    ax.set_title("The doctor against mindformers' published figures (dotted: ±35 %)", fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+    return fig
+
+
 def write_outputs(r: dict, out_dir: str, source_path: str | None = None) -> dict[str, str]:
     """Write improved.yaml (the user's YAML with only the best layout's keys changed; the original if no
     change helps), report.md and report.html (with the pictures of `figures`) into `out_dir`."""
