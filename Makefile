@@ -30,15 +30,13 @@ cookbook: $(STAMP)
 	@echo "Run CSVs:           $(CURDIR)/build/runs/"
 	@test ! -e build/report/report.html || echo "Evaluation report:  $(CURDIR)/build/report/report.html"
 
-# Re-execute notebooks in place and tidy their outputs, for committing (one at a time: they time things).
-#   make outputs                      every notebook;   make outputs NB='notebooks/09_*.ipynb'   some
+# Re-execute notebooks in place, in order, in one session, stamp each with the run's manifest (tests/run_outputs.py)
+# and tidy their outputs, for committing (one at a time: they time things). Commit the run of all of them:
+#   make outputs                      every notebook;   make outputs NB='notebooks/09_*.ipynb'   some (for iterating:
+#                                     tests/test_notebook_outputs.py fails until every notebook comes from one run)
 NB ?= $(NOTEBOOKS)
 outputs: $(STAMP)
-	@for nb in $(NB); do \
-	  s=$$(date +%s); \
-	  $(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=900 "$$nb" || exit 1; \
-	  echo "$$nb: $$(( $$(date +%s) - s )) s"; \
-	done
+	$(BIN)/python tests/run_outputs.py $(NB)
 	$(BIN)/python tests/tidy_outputs.py $(NB)
 	$(BIN)/pytest -q -p no:cacheprovider tests/test_notebook_outputs.py
 

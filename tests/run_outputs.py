@@ -1,0 +1,99 @@
+"""Execute notebooks in place, in order, in one session, and stamp each with the run's manifest.
+
+    python tests/run_outputs.py notebooks/00_environment.ipynb notebooks/01_...ipynb ...   (make outputs)
+
+Every committed notebook then says which run its outputs come from, in its metadata under "cookbook_run":
+the run id (shared by every notebook of the run), the commit, the CPU model, the date, the peak-cache entry the
+notebooks read (build/peak_flops.json after the run), the 1-minute load average at the run's start and end, and
+this notebook's own start and end load and seconds. tests/test_notebook_outputs.py fails when the committed
+notebooks come from different runs, or from a run that left some out: `make outputs NB=...` for one notebook is
+for iterating, and the run to commit is `make outputs` of all of them, on an otherwise idle machine.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _cpu() -> dict:
+    info = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            k, v = k.strip(), v.strip()
+            if k in ("model name", "cpu family", "model") and k not in info:
+                info[k] = v
+    except OSError:
+        pass
+    return {"cpu_model": info.get("model name", "?"), "cpu_family": info.get("cpu family", "?"),
+            "cpu_model_number": info.get("model", "?"), "cores": os.cpu_count()}
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "mshelpers", "tests", "bench", "Makefile"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        return out.stdout.strip() + ("+uncommitted" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def _peak_cache() -> dict | None:
+    path = Path(os.environ.get("MSHELPERS_PEAK_CACHE") or Path(os.environ.get("MSHELPERS_BUILD", ROOT / "build"))
+                / "peak_flops.json")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def main(argv: list[str]) -> int:
+    notebooks = [Path(a) for a in argv]
+    if not notebooks:
+        print("run_outputs: no notebooks given; fix: pass notebooks/NN_*.ipynb", file=sys.stderr)
+        return 2
+    missing = [str(p) for p in notebooks if not p.is_file()]
+    if missing:
+        print(f"run_outputs: notebooks={missing} do not exist; fix: pass existing notebook paths", file=sys.stderr)
+        return 2
+    start = dt.datetime.now(dt.timezone.utc)
+    run = {"run_id": start.strftime("%Y%m%dT%H%M%SZ"), "commit": _commit(), **_cpu(),
+           "date": start.isoformat(timespec="seconds"), "load_start": _load(),
+           "notebooks_in_run": [p.name for p in notebooks]}
+    per = {}
+    jupyter = Path(sys.executable).with_name("jupyter")
+    for nb in notebooks:
+        l0, t0 = _load(), time.time()
+        cmd = [str(jupyter), "nbconvert", "--to", "notebook", "--execute", "--inplace",
+               "--ExecutePreprocessor.timeout=900", str(nb)]
+        if subprocess.run(cmd).returncode != 0:
+            print(f"run_outputs: {nb} failed; the run stops here (its stamp is not written)", file=sys.stderr)
+            return 1
+        per[nb] = {"load_start": l0, "load_end": _load(), "seconds": round(time.time() - t0, 1)}
+        print(f"{nb}: {per[nb]['seconds']:.0f} s (load {l0} -> {per[nb]['load_end']})", flush=True)
+    run["load_end"] = _load()
+    run["peak_cache"] = _peak_cache()
+    for nb, own in per.items():
+        d = json.loads(nb.read_text())
+        d.setdefault("metadata", {})["cookbook_run"] = dict(run, notebook=own)
+        tmp = nb.with_suffix(".ipynb.tmp")
+        tmp.write_text(json.dumps(d, indent=1, ensure_ascii=False) + "\n")
+        os.replace(tmp, nb)
+    print(f"run {run['run_id']}: {len(per)} notebooks, load {run['load_start']} -> {run['load_end']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
