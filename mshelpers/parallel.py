@@ -368,23 +368,24 @@ REFERENCE_HARDWARE: dict[str, Hardware] = {
                                             "= 50 GB/s; https://docs.nvidia.com/dgx/dgxh100-user-guide/"),
                  ("devices_per_node", "DGX/HGX H100: 8 GPUs"),
                  ("compute_efficiency", "assumed"))),
+    # the same figures as mshelpers.metrics.DATASHEET_PEAK_FLOPS["Ascend 910B"] and the doctor's "atlas-800t-a2"
+    # profile (mshelpers/doctor/hardware.py): one Ascend table, checked equal by tests/test_comm_pipeline.py
     "ascend-910b": Hardware(
-        peak_flops_per_device=320e12, intra_node_bytes_per_s=196e9, inter_node_bytes_per_s=25e9,
-        devices_per_node=8, compute_efficiency=0.5,
-        name="Huawei Ascend 910B (Atlas 800T A2: HCCS full mesh + RoCE)",
-        sources=(("peak_flops_per_device", "secondary source, not a Huawei datasheet: FP16 about 320 TFLOPS "
-                  "(https://boardor.com/blog/huawei-ascend-910b-outperforms-h20-910c-approaches-h100); 910B bins "
-                  "differ, check `npu-smi info` and Huawei's Atlas 800T A2 white paper"),
-                 ("intra_node_bytes_per_s", "secondary source: HCCS 392 GB/s per 910B bidirectional (7 links x 56 "
-                  "GB/s in the 8-NPU full mesh; the 2-die 910C is quoted at 784 GB/s, https://www.besthub.dev/"
-                  "articles/huawei-ascend-ai-chip-detailed-specs-comparison-2025-2028-roadmap-a247a4760c30) = "
-                  "196 GB/s per direction; not a Huawei datasheet"),
-                 ("inter_node_bytes_per_s", "assumed from the Atlas 800T A2 configuration commonly described (one "
-                  "200GE RoCE port per NPU = 25 GB/s); not verified against a Huawei document here. (The first "
-                  "Ascend 910 had 2x100 Gb/s RoCE and 3x240 Gb/s HCCS, Hot Chips 2019)"),
+        peak_flops_per_device=376e12, intra_node_bytes_per_s=196e9, inter_node_bytes_per_s=25e9,
+        devices_per_node=8, compute_efficiency=0.7124,
+        name="Huawei Ascend 910B (Atlas 800T A2, 376T bin: HCCS full mesh + RoCE)",
+        sources=(("peak_flops_per_device", "Huawei Ascend/msmodeling device profile ATLAS_800_A2_376T_64G, FP16 376 "
+                  "TFLOPS (BF16 353.9; tensor_cast/device.py, commit 1e5a50b1, https://github.com/Ascend/msmodeling/"
+                  "blob/1e5a50b1a025a6658a277aa963c87691dc279f4f/tensor_cast/device.py); the same file lists 313T and "
+                  "280T bins: check `npu-smi info`"),
+                 ("intra_node_bytes_per_s", "msmodeling A2_INTERCONNECT: full mesh 196e9 B/s per device (https://github.com/"
+                  "Ascend/msmodeling, tensor_cast/device.py at 1e5a50b1)"),
+                 ("inter_node_bytes_per_s", "msmodeling A2_INTERCONNECT: CLOS 25e9 B/s per device, 200GE RoCE (https://"
+                  "github.com/Ascend/msmodeling, tensor_cast/device.py at 1e5a50b1)"),
                  ("devices_per_node", "Atlas 800T A2: 8 NPUs (MindCluster docs: 8 NPU ports per node, "
                   "https://www.hiascend.com/document/detail/zh/mindcluster/730/deployer/deployerug/deployer_0025.html)"),
-                 ("compute_efficiency", "assumed"))),
+                 ("compute_efficiency", "fitted: mshelpers.doctor.CALIBRATION.compute_efficiency, matmul share of peak "
+                  "fitted on four published mindformers figures (README, Config doctor)"))),
 }
 
 

@@ -133,8 +133,20 @@ def test_nvidia_figures_are_per_direction_datasheet_values():
     a, h = Hardware.reference("a100-sxm"), Hardware.reference("h100-sxm")
     assert (a.peak_flops_per_device, a.intra_node_bytes_per_s, a.inter_node_bytes_per_s) == (312e12, 300e9, 25e9)
     assert (h.peak_flops_per_device, h.intra_node_bytes_per_s, h.inter_node_bytes_per_s) == (989.5e12, 450e9, 50e9)
-    assert "datasheet" in a.source("peak_flops_per_device") and "not a Huawei datasheet" in \
+    assert "datasheet" in a.source("peak_flops_per_device") and "msmodeling" in \
         Hardware.reference("ascend-910b").source("peak_flops_per_device")
+
+
+def test_one_ascend_table_serves_every_module():
+    """parallel's 910B profile, metrics' datasheet table and the doctor's Atlas 800T A2 profile are one table."""
+    from mshelpers import doctor
+    from mshelpers.metrics import DATASHEET_PEAK_FLOPS
+    p, d = Hardware.reference("ascend-910b"), doctor.hardware("atlas-800t-a2")
+    assert p.peak_flops_per_device == d.peak("float16") == DATASHEET_PEAK_FLOPS["Ascend 910B"]["float16"]
+    assert d.peak("bfloat16") == DATASHEET_PEAK_FLOPS["Ascend 910B"]["bfloat16"]
+    assert p.intra_node_bytes_per_s == d.intra_link_bytes_per_s * d.links_per_device
+    assert p.inter_node_bytes_per_s == d.inter_bytes_per_s and p.devices_per_node == d.devices_per_node
+    assert p.compute_efficiency == pytest.approx(doctor.CALIBRATION.compute_efficiency, abs=1e-4)
 
 
 def test_latency_enters_the_step_time_only_when_given():
