@@ -110,24 +110,34 @@ TIMING_SENTENCES = {"win": "{cand} is faster than {base}", "within noise": "{can
                     "regression": "{cand} is slower than {base}"}
 
 
+EXPECTATIONS = (*TIMING_SENTENCES, "undecided")
+
+
 def claim_timing(base_name: str, base: Sequence[float], cand_name: str, cand: Sequence[float], *,
-                 lower_is_better: bool = True, unit: str = "ms", expect: str | None = None,
+                 expect: str | None = None, lower_is_better: bool = True, unit: str = "ms",
                  rel_floor: float = 0.02) -> str:
-    """A timing sentence chosen by the computed verdict, never typed: 'win', 'within noise' or 'regression'.
+    """A timing verdict against the one expected beforehand: 'win', 'within noise', 'regression' or 'undecided'.
 
     The verdict rule is timing.verdict's (inlined so this module copies alone): the difference of the
-    medians must exceed the larger round-to-round range and `rel_floor` of the baseline. `expect`
-    (e.g. "win" for graph mode against PyNative, where the margin is far beyond noise) turns the
-    sentence into an assertion: any other verdict raises ClaimFailed. Returns the verdict.
+    medians must exceed the larger round-to-round range and `rel_floor` of the baseline. `expect` is
+    required and states what the cookbook expects before measuring, with its reason in the notebook (graph
+    mode against PyNative: 'win'; a no-op such as jit O1 on CPU: 'within noise'): the sentence is printed by
+    `claim` and any other verdict raises ClaimFailed. Where the cookbook cannot know in advance (a lever
+    that may or may not help on this CPU), expect='undecided': the measured verdict is printed as such, no
+    sentence is claimed and nothing can pass or fail. Returns the measured verdict.
 
         >>> claim_timing("O0", [100, 104, 102], "O1", [80, 82, 81], expect="win")
         ✓ O1 is faster than O0: median 81 ms (80–82) against 102 ms (100–104), ratio 0.794  [verdict=win, expected=win]
         'win'
+        >>> claim_timing("O0", [100, 104, 102], "O1", [80, 82, 81], expect="undecided")
+        undecided beforehand, measured: O1 is faster than O0: median 81 ms (80–82) against 102 ms (100–104), ratio 0.794  [verdict=win; not a claim]
+        'win'
     """
+    if expect not in EXPECTATIONS:
+        raise ValueError(f"claim_timing: expect={expect!r} is invalid; fix: state the verdict expected beforehand, "
+                         f"one of {list(EXPECTATIONS)} ('undecided' when it cannot be known in advance)")
     if len(base) == 0 or len(cand) == 0:     # len, not truth: numpy arrays are welcome
         raise ValueError("claim_timing: base and cand need at least one value each; fix: run more rounds")
-    if expect not in (None, *TIMING_SENTENCES):
-        raise ValueError(f"claim_timing: expect={expect!r} is invalid; fix: use one of {list(TIMING_SENTENCES)}")
     b, c = sorted(float(x) for x in base), sorted(float(x) for x in cand)
     bm, cm = statistics.median(b), statistics.median(c)
     noise = max(b[-1] - b[0], c[-1] - c[0], rel_floor * abs(bm))
@@ -137,8 +147,10 @@ def claim_timing(base_name: str, base: Sequence[float], cand_name: str, cand: Se
     text = (TIMING_SENTENCES[verdict].format(cand=cand_name, base=base_name) +
             f": median {f(cm)} {unit} ({f(c[0])}–{f(c[-1])}) against {f(bm)} {unit} ({f(b[0])}–{f(b[-1])}), "
             f"ratio {cm / bm:.3g}" if bm else TIMING_SENTENCES[verdict].format(cand=cand_name, base=base_name))
-    claim(text.replace("{", "{{").replace("}", "}}"), expect is None or verdict == expect, verdict=verdict,
-          **({} if expect is None else {"expected": expect}))
+    if expect == "undecided":
+        print(f"undecided beforehand, measured: {text}  [verdict={verdict}; not a claim]")
+        return verdict
+    claim(text.replace("{", "{{").replace("}", "}}"), verdict == expect, verdict=verdict, expected=expect)
     return verdict
 
 

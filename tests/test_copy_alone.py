@@ -188,8 +188,15 @@ CALLS: dict[str, str] = {
         assert m.summarize(log.rows)["final_loss"] == 3.0
         assert "mindspore" not in sys.modules
         os.environ["MSHELPERS_PEAK_CACHE"] = "peak.json"
-        import json; json.dump({m._peak_key("float32")[2]: {"flops": 1e11}}, open("peak.json", "w"))
+        info = m.cpu_info()
+        import json; json.dump({m._peak_key("float32")[2]: {
+            "flops": 1e11, "cpu_model": info["cpu_model"], "threads": info["threads"], "load_1min_before": 0.1,
+            "load_1min_after": 0.2, "competing_before": [], "competing_after": [], "loaded": False}},
+            open("peak.json", "w"))
         assert m.peak_flops() == 1e11          # the cached measurement, no new one
+        assert "mindspore" not in sys.modules
+        busy = m.competing_processes(0.05)
+        assert busy is None or all(r["pid"] != os.getpid() and r["core_share"] > 0.05 for r in busy)
         assert m.max_clock_mhz()[0] > 0
         assert m.hardware_peak_flops() >= 1e11                 # never below the measured peak
         assert abs(m.share_of_achievable(np.float32(1000), np.int64(10**5), 1) - 1e8 / 1e11) < 1e-12
@@ -261,7 +268,7 @@ CALLS: dict[str, str] = {
         except m.ClaimFailed:
             pass
         assert m.claim_trained("run", np.array([6.9, 4.2]))
-        assert m.claim_timing("a", np.array([10.0, 11.0]), "b", [5.0, 5.5]) == "win"
+        assert m.claim_timing("a", np.array([10.0, 11.0]), "b", [5.0, 5.5], expect="win") == "win"
     """,
     "smalllm": """
         import mindspore as ms, numpy as np

@@ -46,6 +46,10 @@ def test_peak_flops_is_cached_per_machine_and_shared_by_fresh_processes(tmp_path
     import sys
     cache = tmp_path / "peak.json"
     monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(cache))
+    monkeypatch.setattr(metrics, "_UNCACHED", {})
+    # the load check itself is tested in test_peak_cache.py; here the machine counts as idle so the real
+    # measurement is cached (a shared test machine would otherwise refuse it)
+    monkeypatch.setattr(metrics, "_load_snapshot", lambda: {"load_1min": 0.0, "competing": []})
     small = ((256, 256, 256), (512, 512, 512))
     first = peak_flops(refresh=True, repeats=2, shapes=small)
     rec = peak_flops_record()
@@ -61,7 +65,8 @@ def test_peak_flops_is_cached_per_machine_and_shared_by_fresh_processes(tmp_path
     assert [float(o) for o in outs] == [first, first]
     # a corrupt cache is measured again and rewritten, never trusted
     cache.write_text("{not json")
-    again = peak_flops(repeats=1, shapes=((256, 256, 256),))
+    with pytest.warns(UserWarning, match="unreadable .*; ignored, measuring again"):
+        again = peak_flops(repeats=1, shapes=((256, 256, 256),))
     assert again > 0 and json.loads(cache.read_text())
 
 
@@ -143,7 +148,9 @@ def test_hardware_peak_is_cores_times_max_clock_times_flop_per_cycle(tmp_path, m
     # a measured MatMul peak above the theory (turbo) replaces it, so MFU <= 1 by construction
     (tmp_path / "peak.json").write_text(json.dumps({_peak_key("float32")[2]: {"flops": want * 1.5}}))
     assert hardware_peak_flops() == pytest.approx(want * 1.5)
-    (tmp_path / "peak.json").write_text(json.dumps({_peak_key("float32")[2]: {"flops": want * 0.7}}))
+    idle = {"cpu_model": info["cpu_model"], "threads": info["threads"], "load_1min_before": 0.1,
+            "load_1min_after": 0.2, "competing_before": [], "competing_after": [], "loaded": False}
+    (tmp_path / "peak.json").write_text(json.dumps({_peak_key("float32")[2]: {"flops": want * 0.7, **idle}}))
     assert hardware_peak_flops() == pytest.approx(want)
     # share of achievable: the same achieved FLOP/s over the measured peak
     assert share_of_achievable(1000, want * 0.7 / 2000) == pytest.approx(0.5)
@@ -289,6 +296,8 @@ def test_peak_flops_record_and_cache_rules_exactly(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(cache))
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.setattr(metrics, "cpu_info", lambda: {"cpu_model": "Test CPU", "cpu_family": "6", "threads": 2})
+    monkeypatch.setattr(metrics, "_UNCACHED", {})
+    monkeypatch.setattr(metrics, "_load_snapshot", lambda: {"load_1min": 0.5, "competing": []})
     calls = []
 
     def fake(m, k, n, repeats, dtype):
@@ -306,11 +315,13 @@ def test_peak_flops_record_and_cache_rules_exactly(tmp_path, monkeypatch, capsys
     stored = json.loads(cache.read_text())
     assert list(stored) == [key]
     rec = stored[key]
-    assert rec.pop("date")[:2] == "20"
+    assert rec.pop("date")[:2] == "20" and 0 <= rec.pop("measure_s") < 5
     assert rec == {"flops": 50.13e9, "dtype": "float32", "device": "CPU", "cpu_model": "Test CPU", "cpu_family": "6",
                    "threads": 2, "omp_num_threads": "3", "method": metrics.PEAK_METHOD, "repeats": 3,
                    "shapes": [{"m": 8, "k": 8, "n": 8, "gflops": 12.34}, {"m": 16, "k": 16, "n": 16, "gflops": 50.13},
-                              {"m": 4, "k": 4, "n": 4, "gflops": 7.0}]}
+                              {"m": 4, "k": 4, "n": 4, "gflops": 7.0}],
+                   "cores": os.cpu_count(), "load_1min_before": 0.5, "load_1min_after": 0.5, "competing_before": [],
+                   "competing_after": [], "loaded": False, "attempts": 1}
     assert metrics.peak_flops_record()["flops"] == 50.13e9 and metrics.peak_flops_record("float16") is None
     assert [p.name for p in cache.parent.iterdir()] == ["peak.json"]        # no temp file left
     # cached: no measurement, whatever shapes are asked for; refresh measures again
@@ -326,12 +337,14 @@ def test_peak_flops_record_and_cache_rules_exactly(tmp_path, monkeypatch, capsys
         stored[key]["flops"] = bad
         cache.write_text(json.dumps(stored))
         calls.clear()
-        assert metrics.peak_flops(shapes=((16, 16, 16),)) == 50.13e9 and len(calls) == 1, bad
+        with pytest.warns(UserWarning, match=f"is not used: flops={bad!r} is not a measured figure"):
+            assert metrics.peak_flops(shapes=((16, 16, 16),)) == 50.13e9 and len(calls) == 1, bad
         stored = json.loads(cache.read_text())
     # unreadable cache: measured and rewritten; the record reader says None
     cache.write_text("{torn")
     assert metrics.peak_flops_record() is None
-    assert metrics.peak_flops(shapes=((8, 8, 8),)) == 12.34e9 and list(json.loads(cache.read_text())) == [key]
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert metrics.peak_flops(shapes=((8, 8, 8),)) == 12.34e9 and list(json.loads(cache.read_text())) == [key]
     with pytest.raises(ValueError) as e:
         metrics.peak_flops(dtype="int8")
     assert str(e.value) == "peak_flops: dtype='int8' is invalid; fix: float32, float16 or bfloat16"
@@ -394,6 +407,8 @@ def test_peak_flops_defaults_rounding_date_folders_and_file_layout(tmp_path, mon
     cache = tmp_path / "a" / "b" / "peak.json"           # two missing folders
     monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(cache))
     monkeypatch.setattr(metrics, "cpu_info", lambda: {"cpu_model": "C", "cpu_family": "6", "threads": 1})
+    monkeypatch.setattr(metrics, "_load_snapshot", lambda: {"load_1min": 0.0, "competing": []})   # idle
+    monkeypatch.setattr(metrics, "_UNCACHED", {})
     calls = []
 
     def fake(m, k, n, repeats, dtype):

@@ -1,7 +1,8 @@
 """Every claim a notebook makes can fail: read each code cell's `claim(...)` calls (ast) and flag
   - a `holds` that is a constant (`claim(text, True)`),
   - a `holds` that repeats the test of an enclosing `if` (`if k1 == k0: claim(..., k1 == k0)`),
-  - a claim whose numbers (its keyword arguments) are all constants: nothing measured enters it.
+  - a claim whose numbers (its keyword arguments) are all constants: nothing measured enters it;
+  - a `claim_timing` without `expect` (the verdict expected beforehand, or "undecided").
 A claim must depend on a number of its run compared with an expectation stated beforehand.
 """
 import ast
@@ -21,7 +22,10 @@ def claim_problems(source: str) -> list[str]:
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     out = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "claim"):
+        name = getattr(node.func, "id", getattr(node.func, "attr", None)) if isinstance(node, ast.Call) else None
+        if name == "claim_timing" and not any(k.arg == "expect" for k in node.keywords):
+            out.append(f"claim_timing without the verdict expected beforehand: {ast.unparse(node)[:100]}")
+        if name != "claim":
             continue
         holds = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "holds"), None)
         tests, p = [], node
@@ -54,5 +58,7 @@ def test_the_claim_check_fails_on_each_loophole():
     assert claim_problems('if k1 == k0:\n    claim("same kernels", k1 == k0, k=k1)')
     assert claim_problems('claim("the sum is {s}", s == 1, s=1)')
     assert claim_problems('claim("ok", holds=True, n=n)')
+    assert claim_problems('claim_timing("a", a, "b", b)')
+    assert not claim_problems('claim_timing("a", a, "b", b, expect="undecided")')
     assert not claim_problems('claim("fits in {b}", used <= b, b=b)')
     assert not claim_problems('if lvl == "O3":\n    claim("overflowed", ov >= n, ov=ov, n=n)')

@@ -8,6 +8,7 @@ is 09's check of a published claim, whose cell says "deliberately impossible".
 """
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,47 @@ def test_one_peak_figure_across_notebooks():
                     found.setdefault(m.group(1), set()).add(nb.stem)
     assert found, "no notebook prints its MFU denominator"
     assert len(found) == 1, f"more than one peak figure: {found}"
+
+
+MEASURED = re.compile(r"(?:measured MatMul peak|against the measured|measured peak)[^0-9\n]{0,40}?([0-9][0-9,]*\.?[0-9]*) GFLOP/s")
+
+
+def test_one_measured_peak_across_notebooks():
+    """The cached MatMul peak ("share of achievable") printed anywhere is one figure (to the GFLOP/s)."""
+    found = {}
+    for nb in NOTEBOOKS:
+        for c in cells(nb):
+            for t in texts(c):
+                for m in MEASURED.finditer(t):
+                    found.setdefault(round(float(m.group(1).replace(",", ""))), set()).add(nb.stem)
+    assert len(found) <= 1, f"more than one measured peak: {found}"
+
+
+def run_stamps() -> dict:
+    return {nb.name: json.loads(nb.read_text()).get("metadata", {}).get("cookbook_run") for nb in NOTEBOOKS}
+
+
+def test_every_notebook_comes_from_one_run_of_all_of_them():
+    """tests/run_outputs.py (make outputs) stamps each notebook; the committed ones share one run of every notebook."""
+    stamps = run_stamps()
+    unstamped = [n for n, s in stamps.items() if not s]
+    assert not unstamped, f"not executed by make outputs: {unstamped}"
+    runs = {(s["run_id"], s["commit"]) for s in stamps.values()}
+    assert len(runs) == 1, f"outputs from {len(runs)} runs: { {n: s['run_id'] for n, s in stamps.items()} }"
+    run = next(iter(stamps.values()))
+    assert sorted(run["notebooks_in_run"]) == sorted(stamps), "the run left notebooks out"
+    assert run["cpu_model"] and run["peak_cache"], "the manifest lacks the CPU or the peak-cache entry"
+
+
+def test_the_run_check_can_fail(monkeypatch):
+    a = {"run_id": "A", "commit": "c", "notebooks_in_run": ["x.ipynb", "y.ipynb"], "cpu_model": "cpu", "peak_cache": {}}
+    monkeypatch.setattr(sys.modules[__name__], "run_stamps", lambda: {"x.ipynb": a, "y.ipynb": dict(a, run_id="B")})
+    with pytest.raises(AssertionError, match="runs"):
+        test_every_notebook_comes_from_one_run_of_all_of_them()
+    monkeypatch.setattr(sys.modules[__name__], "run_stamps", lambda: {"x.ipynb": a, "y.ipynb": None})
+    with pytest.raises(AssertionError, match="not executed"):
+        test_every_notebook_comes_from_one_run_of_all_of_them()
+    assert MEASURED.findall("measured MatMul peak 206.0 GFLOP/s; against the measured 273 GFLOP/s") == ["206.0", "273"]
 
 
 def test_the_checks_can_fail():

@@ -116,14 +116,26 @@ def test_claim_trained_needs_finite_falling_losses_above_the_floor():
 
 
 def test_claim_timing_the_verdict_chooses_the_sentence(capsys):
-    assert claim_timing("O0", [100, 104, 102], "O1", [80, 82, 81]) == "win"
+    assert claim_timing("O0", [100, 104, 102], "O1", [80, 82, 81], expect="win") == "win"
     assert "O1 is faster than O0" in capsys.readouterr().out
-    assert claim_timing("O0", [100, 110, 105], "O1", [101, 108, 104]) == "within noise"   # 1 ms < 10 ms range
-    assert "within the noise" in capsys.readouterr().out
-    assert claim_timing("O0", [100, 101, 100], "O1", [120, 121, 122]) == "regression"
+    assert claim_timing("O0", [100, 110, 105], "O1", [101, 108, 104], expect="within noise") == "within noise"
+    assert "within the noise" in capsys.readouterr().out                                      # 1 ms < 10 ms range
+    assert claim_timing("O0", [100, 101, 100], "O1", [120, 121, 122], expect="regression") == "regression"
     assert "O1 is slower than O0" in capsys.readouterr().out
-    assert claim_timing("a", [10, 11], "b", [20, 21], lower_is_better=False) == "win"     # throughput
+    assert claim_timing("a", [10, 11], "b", [20, 21], lower_is_better=False, expect="win") == "win"   # throughput
     with pytest.raises(ClaimFailed, match="verdict=within noise, expected=win"):
         claim_timing("O0", [100, 110, 105], "O1", [101, 108, 104], expect="win")
     with pytest.raises(ValueError, match="expect='faster'"):
         claim_timing("a", [1], "b", [1], expect="faster")
+
+
+def test_claim_timing_requires_an_expectation_and_undecided_claims_nothing(capsys):
+    with pytest.raises(ValueError, match="expect=None.*undecided"):
+        claim_timing("O0", [100, 104, 102], "O1", [80, 82, 81])              # no expectation: refused
+    for cand in ([80, 82, 81], [101, 103, 102], [130, 131, 132]):            # any verdict: printed, never raised
+        v = claim_timing("O0", [100, 104, 102], "O1", cand, expect="undecided")
+        out = capsys.readouterr().out
+        assert out.startswith("undecided beforehand, measured: ") and f"verdict={v}; not a claim" in out
+        assert "✓" not in out
+    with pytest.raises(ClaimFailed, match="verdict=win, expected=regression"):   # a claim contradicting its data
+        claim_timing("O0", [100, 104, 102], "O1", [80, 82, 81], expect="regression")
