@@ -306,68 +306,248 @@ def _measure_matmul_chain(m: int, k: int, n: int, repeats: int, dtype: str) -> f
     return pairs * flops_pair / best
 
 
+# ------------------------------------------------------------------ is the machine idle enough to measure?
+PEAK_SAMPLE_S = 0.5        # a load snapshot reads /proc/<pid>/stat twice, this far apart
+PEAK_LIST_SHARE = 0.05     # a process that used more than 5 % of a core in the snapshot is listed as competing
+PEAK_BUSY_SHARE = 0.20     # loaded: the listed processes together used more than 20 % of a core, or ...
+PEAK_LOAD_SHARE = 0.5      # ... the 1-minute load average beyond this process's threads exceeds half the cores
+# fields a cache entry must carry to be used: an entry without them predates the load check
+PEAK_LOAD_FIELDS = ("load_1min_before", "load_1min_after", "competing_before", "competing_after", "loaded")
+
+
+def _proc_cpu() -> dict[int, tuple[str, int, int]] | None:
+    """pid -> (name, parent pid, CPU clock ticks used so far) for every process /proc shows; None without /proc."""
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return None
+    out: dict[int, tuple[str, int, int]] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                head, _, tail = f.read().rpartition(")")      # the name may hold spaces and parentheses
+            fields = tail.split()                             # state ppid ... utime(11) stime(12)
+            out[pid] = (head.partition("(")[2], int(fields[1]), int(fields[11]) + int(fields[12]))
+        except (OSError, IndexError, ValueError):             # ended between the listing and the read
+            continue
+    return out
+
+
+def competing_processes(interval: float = PEAK_SAMPLE_S, min_share: float = PEAK_LIST_SHARE) -> list[dict] | None:
+    """The processes other than this one and its descendants that used more than `min_share` of a core over
+    `interval` seconds (two reads of /proc/<pid>/stat): [{"name", "pid", "core_share"}], busiest first.
+    None where there is no /proc (macOS)."""
+    for name, v in (("interval", interval), ("min_share", min_share)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+            raise ValueError(f"competing_processes: {name}={v!r} is invalid; fix: pass a number >= 0")
+    first = _proc_cpu()
+    if first is None:
+        return None
+    t0 = time.monotonic()
+    time.sleep(interval)
+    second = _proc_cpu() or {}
+    dt = max(time.monotonic() - t0, 1e-3)
+    tick = os.sysconf("SC_CLK_TCK")
+    kids: dict[int, list[int]] = {}
+    for pid, (_, ppid, _) in {**first, **second}.items():
+        kids.setdefault(ppid, []).append(pid)
+    mine, todo = set(), [os.getpid()]
+    while todo:                                               # this process and all its descendants
+        pid = todo.pop()
+        if pid not in mine:
+            mine.add(pid)
+            todo += kids.get(pid, [])
+    rows = []
+    for pid, (name, _, ticks) in second.items():
+        share = (ticks - first.get(pid, (name, 0, 0))[2]) / tick / dt    # a new process: all its ticks are new
+        if pid not in mine and share > min_share:
+            rows.append({"name": name, "pid": pid, "core_share": round(share, 2)})
+    return sorted(rows, key=lambda r: (-r["core_share"], r["pid"]))
+
+
+def _load_snapshot() -> dict:
+    """The 1-minute load average now, and the competing processes over the next PEAK_SAMPLE_S seconds."""
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        load = None
+    return {"load_1min": load, "competing": competing_processes()}
+
+
+def _load_reasons(when: str, snap: dict, threads: int, cores: int) -> list[str]:
+    """Why the snapshot `snap` counts as loaded (the rule in peak_flops' docstring); [] when it is idle."""
+    out = []
+    busy = snap.get("competing") or []
+    if sum(r["core_share"] for r in busy) > PEAK_BUSY_SHARE:
+        out.append(f"{when}: " + ", ".join(f"{r['name']} (pid {r['pid']}) at {r['core_share']:.0%} of a core"
+                                           for r in busy[:3]) + (f" and {len(busy) - 3} more" if len(busy) > 3 else ""))
+    load = snap.get("load_1min")
+    if load is not None and load - threads > PEAK_LOAD_SHARE * cores:
+        out.append(f"load average {when} {load:.2f} > {threads} (this process) + {PEAK_LOAD_SHARE:g} x {cores} cores")
+    return out
+
+
+def _peak_entry_problem(rec: Any, info: dict) -> str | None:
+    """None when a cache entry may be used on this machine, else why not (one phrase)."""
+    if not isinstance(rec, dict):
+        return "no entry"
+    f = rec.get("flops")
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < math.inf:
+        return f"flops={f!r} is not a measured figure"
+    if rec.get("cpu_model") != info["cpu_model"] or rec.get("threads") != info["threads"]:
+        return (f"it was measured on {rec.get('cpu_model')!r} with {rec.get('threads')} threads, "
+                f"this machine is {info['cpu_model']!r} with {info['threads']}")
+    missing = [k for k in PEAK_LOAD_FIELDS if k not in rec]
+    if missing:
+        return f"it was recorded without its load ({', '.join(missing)} missing)"
+    if rec["loaded"] is not False:
+        return f"it was recorded under load (loaded={rec['loaded']!r})"
+    return None
+
+
+def _read_peak_cache(path: Path, note: bool) -> dict:
+    """The cache file as a dict; {} when absent, and {} with a one-line warning (`note`) when unreadable."""
+    import json
+    if not path.exists():
+        return {}
+    try:
+        cache = json.loads(path.read_text())
+        if not isinstance(cache, dict):
+            raise ValueError(f"a JSON {type(cache).__name__}, not an object")
+    except (OSError, ValueError) as e:
+        if note:
+            warnings.warn(f"peak_flops: cache {path} is unreadable ({' '.join(str(e).split())}); "
+                          "ignored, measuring again", UserWarning, stacklevel=3)
+        return {}
+    return cache
+
+
+def _write_peak_cache(path: Path, key: str, rec: dict) -> None:
+    """Put `rec` under `key`, keeping the other entries as the file holds them now; atomic (temp + rename),
+    so two writers at once leave one valid file (the last rename wins)."""
+    import json
+    import tempfile
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cache = _read_peak_cache(path, note=False)
+    cache[key] = rec
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(cache, indent=1))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+# key -> this process's last measurement, refused as taken under load and so not cached: later calls in the
+# same process return it (and say so) instead of measuring again; refresh=True measures again.
+_UNCACHED: dict[str, dict] = {}
+
+
 def peak_flops(refresh: bool = False, *, dtype: str = "float32", repeats: int = 5,
-               shapes: tuple[tuple[int, int, int], ...] = PEAK_SHAPES, verbose: bool = False) -> float:
+               shapes: tuple[tuple[int, int, int], ...] = PEAK_SHAPES, verbose: bool = False,
+               retries: int = 2, wait_s: float = 20.0) -> float:
     """This machine's achievable dense peak FLOP/s: the "share of achievable" denominator.
 
     Not the MFU denominator: MFU divides by `hardware_peak_flops()` (PaLM's definition).
 
     Measured once per machine the way the model's kernels run (compiled float32 MatMuls over the mini
     model's projection shapes and a large square, best of `repeats`, all threads), then cached in
-    build/peak_flops.json with the CPU model, thread count, date, method and each shape's figure. Every
-    later call, in any process, reads the cache; `refresh=True` measures again. The cache is keyed by
-    CPU model, family, thread count and device, so a different machine measures its own.
+    build/peak_flops.json (or $MSHELPERS_PEAK_CACHE) with the CPU model, thread count, date, method, each
+    shape's figure, and the machine's load: the 1-minute load average before and after the timing, and the
+    competing processes (name, pid, share of a core) seen in a 0.5 s sample just before and just after it.
+    Every later call, in any process, reads the cache; `refresh=True` measures again. The cache is keyed by
+    CPU model, family, thread count and device, and an entry whose own CPU model or thread count is not this
+    machine's is never used, so a different machine measures its own.
+
+    Under load, a measurement is refused. The rule: the timing counts as loaded when, in the sample just
+    before it or just after it, the other processes (not this one nor its descendants; each listed when it
+    used more than 5 % of a core) together used more than 20 % of a core, or the 1-minute load average less
+    this process's threads (the most it can add itself) exceeded half the cores (os.cpu_count()). A loaded
+    measurement is re-taken up to `retries` times, each after waiting up to `wait_s` seconds for the machine
+    to become idle; if it is still loaded it is NOT cached: the figure is returned with a one-line
+    UserWarning naming the competitors, kept for this process only, and the next process measures again.
+    A cache entry without the load fields (written before this rule) or recorded as loaded is measured
+    again; a corrupt cache file is ignored (one-line warning) and rewritten.
     On Ascend, pass dtype="float16" (or "bfloat16") to measure the cube unit's peak.
     """
-    import json
     if dtype not in ("float32", "float16", "bfloat16"):
         raise ValueError(f"peak_flops: dtype={dtype!r} is invalid; fix: float32, float16 or bfloat16")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"peak_flops: retries={retries!r} is invalid; fix: pass an integer >= 0")
+    if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not 0 <= wait_s < math.inf:
+        raise ValueError(f"peak_flops: wait_s={wait_s!r} is invalid; fix: pass seconds >= 0")
     info, device, key = _peak_key(dtype)
     path = _peak_cache_path()
-    cache: dict = {}
-    if path.exists():
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cache = {}            # a corrupt cache is re-measured and rewritten, never trusted
+    cache = _read_peak_cache(path, note=True)
     rec = cache.get(key)
-    if rec and not refresh and isinstance(rec.get("flops"), (int, float)) and rec["flops"] > 0:
-        return float(rec["flops"])
-    per_shape = []
-    for (m, k, n) in shapes:
-        f = _measure_matmul_chain(m, k, n, repeats, dtype)
-        per_shape.append({"m": m, "k": k, "n": n, "gflops": round(f / 1e9, 2)})
-        if verbose:
-            print(f"  MatMul ({m}x{k})@({k}x{n}) compiled: {f / 1e9:.1f} GFLOP/s")
+    problem = _peak_entry_problem(rec, info)
+    if not refresh:
+        if problem is None:
+            return float(rec["flops"])
+        if key in _UNCACHED:
+            _warn_loaded(_UNCACHED[key], path)
+            return float(_UNCACHED[key]["flops"])
+        if problem != "no entry":
+            warnings.warn(f"peak_flops: the cached {dtype} peak in {path} is not used: {problem}; measuring again",
+                          UserWarning, stacklevel=2)
+    threads, cores = info["threads"], os.cpu_count() or info["threads"]
+    for attempt in range(retries + 1):
+        before = _load_snapshot()
+        if attempt:                                     # wait for the machine to become idle, then re-take
+            deadline = time.monotonic() + wait_s
+            while _load_reasons("before", before, threads, cores) and time.monotonic() < deadline:
+                before = _load_snapshot()
+        t0 = time.monotonic()
+        per_shape = []
+        for (m, k, n) in shapes:
+            f = _measure_matmul_chain(m, k, n, repeats, dtype)
+            per_shape.append({"m": m, "k": k, "n": n, "gflops": round(f / 1e9, 2)})
+            if verbose:
+                print(f"  MatMul ({m}x{k})@({k}x{n}) compiled: {f / 1e9:.1f} GFLOP/s")
+        measure_s = time.monotonic() - t0
+        after = _load_snapshot()
+        reasons = _load_reasons("before", before, threads, cores) + _load_reasons("after", after, threads, cores)
+        if not reasons:
+            break
     best = max(p["gflops"] for p in per_shape) * 1e9
     import datetime
-    rec = {"flops": best, "dtype": dtype, "device": device, "cpu_model": info["cpu_model"],
+    new = {"flops": best, "dtype": dtype, "device": device, "cpu_model": info["cpu_model"],
            "cpu_family": info["cpu_family"], "threads": info["threads"],
            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "method": PEAK_METHOD, "repeats": repeats, "shapes": per_shape}
-    cache[key] = rec
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")   # atomic: two processes never tear the file
-    try:
-        tmp.write_text(json.dumps(cache, indent=1))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+           "method": PEAK_METHOD, "repeats": repeats, "shapes": per_shape,
+           "cores": cores, "load_1min_before": before["load_1min"], "load_1min_after": after["load_1min"],
+           "competing_before": before["competing"], "competing_after": after["competing"],
+           "loaded": bool(reasons), "attempts": attempt + 1, "measure_s": round(measure_s, 2)}
+    if reasons:
+        new["load_reasons"] = reasons
+        _UNCACHED[key] = new
+        _warn_loaded(new, path, kept=rec if problem is None else None)
+        return best
+    _UNCACHED.pop(key, None)
+    _write_peak_cache(path, key, new)
     return best
 
 
+def _warn_loaded(rec: dict, path: Path, kept: dict | None = None) -> None:
+    warnings.warn(f"peak_flops: {rec['flops'] / 1e9:.1f} GFLOP/s was measured under load "
+                  f"({'; '.join(rec['load_reasons'])}) in {rec['attempts']} attempt(s); NOT cached in {path}"
+                  + (f" (its idle {kept['flops'] / 1e9:.1f} GFLOP/s of {kept.get('date')} stays)" if kept else "")
+                  + "; fix: stop the competing processes and call peak_flops(refresh=True)", UserWarning, stacklevel=3)
+
+
 def peak_flops_record(dtype: str = "float32") -> dict | None:
-    """The cached record behind peak_flops() on this machine (None before the first measurement)."""
-    import json
-    path = _peak_cache_path()
-    if not path.exists():
-        return None
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return cache.get(_peak_key(dtype)[2])
+    """The record behind peak_flops() on this machine: the cached entry as stored (None before the first
+    measurement or when the file is unreadable), or, when this process's measurement was refused as
+    loaded and so not cached, that measurement (with "loaded": True and its "load_reasons")."""
+    info, _, key = _peak_key(dtype)
+    if key in _UNCACHED and _peak_entry_problem(_read_peak_cache(_peak_cache_path(), note=False).get(key),
+                                                info) is not None:
+        return dict(_UNCACHED[key])
+    return _read_peak_cache(_peak_cache_path(), note=False).get(key)
 
 
 def peak_memory_mb() -> float:

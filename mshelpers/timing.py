@@ -169,9 +169,42 @@ def verdict(base: list[float], cand: list[float], higher_is_better: bool = True,
     return "win" if delta > noise else "regression" if -delta > noise else "within noise"
 
 
+def paired_verdict(base: list[float], cand: list[float], aa: list[float], higher_is_better: bool = True,
+                   rel_floor: float = 0.02) -> str:
+    """A change's verdict against an A/A control run in the same rounds (lists aligned by round).
+
+    Per round r the paired log-ratios are log(cand_r / base_r) and log(aa_r / base_r). The A/A pair sets the
+    noise band: its largest |log-ratio| over the rounds (at least log(1 + rel_floor)). A change is a 'win'
+    ('regression') only when its median log-ratio clears the band in the good (bad) direction and every round
+    agrees on the direction; otherwise 'within noise'.
+
+        >>> paired_verdict([10, 11, 12], [8, 8.9, 9.5], [10.2, 10.9, 12.1], higher_is_better=False)
+        'win'
+        >>> paired_verdict([10, 11, 12], [9.9, 11.1, 12.0], [10.2, 10.9, 12.1], higher_is_better=False)
+        'within noise'
+    """
+    import math
+    import statistics
+    if not (len(base) == len(cand) == len(aa)) or len(base) < 2:
+        raise ValueError(f"paired_verdict: base, cand and aa have {len(base)}, {len(cand)} and {len(aa)} values; "
+                         "fix: pass one value per round, at least 2 rounds, in the same order")
+    if min(map(float, (*base, *cand, *aa))) <= 0:
+        raise ValueError("paired_verdict: every value must be > 0 (times, rates, bytes); fix: pass positive metrics")
+    sign = 1 if higher_is_better else -1
+    d = [sign * math.log(c / b) for b, c in zip(base, cand)]
+    band = max([abs(math.log(a / b)) for b, a in zip(base, aa)] + [math.log(1 + rel_floor)])
+    med = statistics.median(d)
+    if med > band and min(d) > 0:
+        return "win"
+    if med < -band and max(d) < 0:
+        return "regression"
+    return "within noise"
+
+
 def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline: str | None = None,
                         seeds: Any = None, isolate: bool = True, metrics: dict[str, bool] | None = None,
-                        timeout: float = 900, progress: bool = True, forkserver_preload: Any = None) -> dict[str, Any]:
+                        timeout: float = 900, progress: bool = True, forkserver_preload: Any = None,
+                        aa_control: bool = False) -> dict[str, Any]:
     """Run N candidates alternately over R rounds, rotating their order; medians, spreads and verdicts.
 
     candidates: {name: fn | (fn, args) | (fn, args, kwargs) | (fn, args, kwargs, env)}. Each call returns a
@@ -189,6 +222,11 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
     Returns {"runs": [per-call dicts with name, round, seed], "table": [one row per candidate:
         median, min, max of each metric, ratio to the baseline and a verdict per metric]}.
     Verdicts (`verdict()`): 'win', 'within noise' or 'regression' against `baseline` (default: the first).
+    aa_control: also run the baseline a second time, as the candidate "<baseline> (A/A)", in the same rotation.
+        Verdicts are then `paired_verdict`s: per-round ratios to the baseline against the band the A/A pair
+        shows in the same run. If the A/A pair itself is not 'within noise' by `verdict()`, the machine was
+        too noisy to decide: `too_noisy[metric]` is True and every verdict of that metric reads
+        'undecided (too noisy)', which no caller may claim as a result.
     """
     if not candidates:
         raise ValueError("compare_interleaved: candidates is empty; fix: pass {name: fn or (fn, args, kwargs)}")
@@ -201,6 +239,13 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
     baseline = names[0] if baseline is None else baseline
     if baseline not in candidates:
         raise ValueError(f"compare_interleaved: baseline={baseline!r} is not a candidate; fix: one of {names}")
+    aa_name = f"{baseline} (A/A)" if aa_control else None
+    if aa_control:
+        if aa_name in candidates:
+            raise ValueError(f"compare_interleaved: a candidate is already named {aa_name!r}; fix: rename it")
+        candidates = dict(candidates)
+        candidates[aa_name] = candidates[baseline]
+        names.insert(names.index(baseline) + 1, aa_name)
     specs = {}
     for n, spec in candidates.items():
         fn, args, kwargs, env = (spec, (), {}, None) if callable(spec) else (tuple(spec) + ((), {}, None))[:4]
@@ -234,6 +279,16 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         row.update({k: v for k, v in extra.items() if k not in row})
         row.update(name=name, round=r, seed=None if seeds is None else seeds[r])
         runs.append(row)
+    def by_round(name: str, m: str) -> list[float] | None:
+        got = {x["round"]: float(x[m]) for x in runs if x["name"] == name and x.get(m) is not None}
+        return [got[r] for r in range(rounds)] if len(got) == rounds else None
+
+    too_noisy = {}
+    if aa_control:
+        for m in metrics:
+            b, a = by_round(baseline, m), by_round(aa_name, m)
+            if b and a:
+                too_noisy[m] = verdict(b, a, metrics[m]) != "within noise"
     table = []
     for name in names:
         row: dict[str, Any] = {"name": name, "rounds": rounds}
@@ -247,6 +302,13 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
             if name != baseline and bvals:
                 bmed = _median_spread(bvals)[0]
                 row[f"{m} vs base"] = med / bmed if bmed else float("nan")
-                row[f"{m} verdict"] = verdict(bvals, vals, hib)
+                b, c, a = by_round(baseline, m), by_round(name, m), by_round(aa_name, m) if aa_control else None
+                if too_noisy.get(m):
+                    row[f"{m} verdict"] = "undecided (too noisy)"
+                elif a and b and c and min(b + c + a) > 0:
+                    row[f"{m} verdict"] = paired_verdict(b, c, a, hib)
+                else:
+                    row[f"{m} verdict"] = verdict(bvals, vals, hib)
         table.append(row)
-    return {"runs": runs, "table": table, "baseline": baseline, "rounds": rounds}
+    return {"runs": runs, "table": table, "baseline": baseline, "rounds": rounds, "aa": aa_name,
+            "too_noisy": too_noisy}

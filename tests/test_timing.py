@@ -101,3 +101,70 @@ def test_compare_interleaved_passes_the_preload_to_every_run():
                               forkserver_preload=PRELOAD, progress=False, metrics={"median_step_s": False})
     assert [(r["name"], r["median_step_s"]) for r in out["runs"]] == [("a", 2**20), ("b", 2 * 2**20),
                                                                       ("b", 2 * 2**20), ("a", 2**20)]
+
+
+# ---------------------------------------------------------------- the A/A control
+def _steps(values):
+    """A callable returning the next value of `values` at each call (in this process: isolate=False)."""
+    it = iter(values)
+    return lambda: next(it)
+
+
+def test_an_a_a_control_runs_the_baseline_twice_in_the_rotation():
+    from mshelpers.timing import compare_interleaved
+    calls = []
+    fns = {n: (lambda n=n: calls.append(n) or 0.1) for n in ("base", "change")}
+    out = compare_interleaved(fns, rounds=3, isolate=False, progress=False, aa_control=True)
+    assert out["aa"] == "base (A/A)" and [r["name"] for r in out["table"]] == ["base", "base (A/A)", "change"]
+    assert calls.count("base") == 6 and calls.count("change") == 3          # the A/A runs are the baseline's code
+    firsts = [next(r["name"] for r in out["runs"] if r["round"] == k) for k in range(3)]
+    assert len(set(firsts)) == 3                                            # rotated: none always runs first
+
+
+# With aa_control the baseline's callable serves both the baseline and the A/A runs. In the rotation
+# [base, A/A, change] -> [A/A, change, base] -> [change, base, A/A], its calls 0..5 are, per round:
+# base, A/A | A/A, base | base, A/A.
+BASE_CALLS = ("base", "aa", "aa", "base", "base", "aa")
+ROUND_OF_CALL = (0, 0, 1, 1, 2, 2)
+
+
+def _baseline_callable(base_vals, aa_vals):
+    k = iter(range(6))
+
+    def call():
+        i = next(k)
+        return (base_vals if BASE_CALLS[i] == "base" else aa_vals)[ROUND_OF_CALL[i]]
+    return call
+
+
+def test_a_no_op_is_within_noise_and_a_real_change_wins_against_the_a_a_band():
+    from mshelpers.timing import compare_interleaved, verdict
+    drift = [0.10, 0.115, 0.13]               # the machine drifts round by round, and every candidate with it
+    aa = [d * f for d, f in zip(drift, (1.02, 0.99, 1.01))]
+    noop = iter(d * f for d, f in zip(drift, (0.99, 1.02, 1.00)))
+    faster = iter(d * 0.80 for d in drift)
+    out = compare_interleaved({"base": _baseline_callable(drift, aa), "noop": lambda: next(noop),
+                               "faster": lambda: next(faster)}, rounds=3, isolate=False, progress=False,
+                              aa_control=True)
+    v = {r["name"]: r.get("median_step_s verdict") for r in out["table"]}
+    assert out["too_noisy"] == {"median_step_s": False}
+    assert v["noop"] == "within noise" and v["faster"] == "win", v
+    # the rule without the control, differences of medians against the widest range, calls the 20 % change noise
+    assert verdict(drift, [d * 0.8 for d in drift], higher_is_better=False) == "within noise"
+
+
+def test_an_a_a_pair_that_differs_makes_the_run_too_noisy_to_decide():
+    from mshelpers.timing import compare_interleaved
+    out = compare_interleaved({"base": _baseline_callable([0.10] * 3, [0.20] * 3), "change": lambda: 0.05},
+                              rounds=3, isolate=False, progress=False, aa_control=True)
+    assert out["too_noisy"] == {"median_step_s": True}
+    assert {r["name"]: r.get("median_step_s verdict") for r in out["table"]}["change"] == "undecided (too noisy)"
+
+
+def test_paired_verdict_refuses_misaligned_or_non_positive_rounds():
+    from mshelpers.timing import paired_verdict
+    with pytest.raises(ValueError, match="one value per round"):
+        paired_verdict([1, 2], [1], [1, 2])
+    with pytest.raises(ValueError, match="> 0"):
+        paired_verdict([1, 0], [1, 1], [1, 1])
+    assert paired_verdict([10, 10], [12, 8], [10, 10], higher_is_better=False) == "within noise"   # rounds disagree
