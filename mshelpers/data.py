@@ -231,6 +231,10 @@ def make_dataset(cfg, num_shards: int = 1, shard_id: int = 0, n_windows: int | N
 
     Sharding uses MindSpore's own `num_shards`/`shard_id`, so every rank reads a
     disjoint slice. The per-rank batch is cfg.batch_size // num_shards.
+    One epoch is `windows(cfg, n_windows)`: `n_windows` is the least number of windows the epoch
+    holds, not its size (None: the run's steps x batch x grad_accum). The synthetic corpus grows in
+    whole blocks of BLOCK_TOKENS // (seq_len+1) windows, so asking for 64 gives one block (1,550
+    windows at seq_len 128); a text file's epoch is the whole file. Read the size from the dataset.
     """
     _check_shards("make_dataset", cfg, num_shards, shard_id)
     import mindspore.dataset as ds

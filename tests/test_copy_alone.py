@@ -244,6 +244,10 @@ CALLS: dict[str, str] = {
         ops = m.op_events(ev)
         b = m.step_breakdown(ev, step_windows_us=[(0.0, 10.0)])
         assert isinstance(m.diagnose(b), m.Diagnosis)
+        assert m.diagnosis_margin(b, min_steps=2)["verdict"] == "undecided"      # one step: no range
+        from pathlib import Path
+        run = m.ProfileRun(Path("."), [1e-5], [0.0], [0], step_windows_us=[(0.0, 10.0)])
+        assert m.window_coverage(run, events=ev)["coverage"] == 1.0
         import numpy as np
         assert m.overhead_ratio(np.array([1.1, 1.1]), np.array([1.0, 1.0])) > 1
         assert m.straggler_table({0: [1.0, 1.0], 1: [1.5, 1.5]})
@@ -298,6 +302,7 @@ CALLS: dict[str, str] = {
     "timing": """
         assert m.peak_rss_mb() > 0
         assert m.verdict([1.0, 1.0, 1.0], [2.0, 2.0, 2.0]) == "win"
+        assert m.paired_verdict([10.0, 11.0], [5.0, 5.5], [10.1, 10.9], higher_is_better=False) == "win"
         with m.Benchmark("x") as b: pass
     """,
     "tuning": """

@@ -53,7 +53,8 @@ def _dp_step_class():
 
 def train_dp(cfg, steps: int, *, world: int = 1, rank: int = 0, shard: bool = True, eval_windows: int = 16,
              progress=None) -> dict:
-    """Train cfg for `steps` steps on this rank; return losses, step times, window ids, eval loss, params."""
+    """Train cfg for `steps` steps on this rank; return losses, step times, window ids, eval loss, and the
+    flat parameters before step 1 ("init_params") and after the last step ("params")."""
     import mindspore as ms
     from mindspore import nn, ops
 
@@ -74,7 +75,8 @@ def train_dp(cfg, steps: int, *, world: int = 1, rank: int = 0, shard: bool = Tr
     # (tests/test_compile_cache.py measures both).
     step = _dp_step_class()(net, opt, reducer, float(cfg.grad_clip))
 
-    init_sum = float(sum(np.abs(p.asnumpy()).sum() for p in params))
+    init_flat = np.concatenate([p.asnumpy().ravel() for p in params])   # the weights before step 1
+    init_sum = float(np.abs(init_flat).sum())
 
     if shard:
         batches = numpy_batches(cfg, num_shards=world, shard_id=rank)
@@ -97,7 +99,7 @@ def train_dp(cfg, steps: int, *, world: int = 1, rank: int = 0, shard: bool = Tr
                                for k in range(0, eval_windows, 4)]))
     flat = np.concatenate([p.asnumpy().ravel() for p in params])
     return {"losses": losses, "grad_norms": norms, "step_times": times, "window_ids": seen,
-            "eval_loss": eval_loss, "init_abs_sum": init_sum, "params": flat}
+            "eval_loss": eval_loss, "init_abs_sum": init_sum, "init_params": init_flat, "params": flat}
 
 
 def main() -> None:
@@ -134,6 +136,7 @@ def main() -> None:
         out = train_dp(cfg, args.steps, world=world, rank=rank, shard=run == "sharded",
                        progress=lambda i, n, k=k: report_progress(k * n + i, total))
         np.save(rank_output_dir() / f"params_{run}.npy", out.pop("params"))
+        out.pop("init_params")                 # the same on every rank and in one process (same seed)
         summary["runs"][run] = out
 
     # Seeds per rank: the same global seed gives every rank the same random stream (right for
