@@ -523,6 +523,72 @@ def diagnose(breakdown: dict, *, threshold: float = 0.3) -> Diagnosis:
     return Diagnosis(bottleneck=name, rule=rule, numbers=numbers, advice=_ADVICE[name])
 
 
+def window_coverage(run: "ProfileRun", *, events: list[dict] | None = None) -> dict:
+    """How much of the op time in the profiler's trace lies inside the wall-clock step windows.
+
+    `profile_steps` stamps each recorded step with `time.time_ns()` around the call; the op events come from
+    the profiler's own `trace_view.json`. The two are measured independently, so they are a check on each
+    other: the step function blocks until its ops finish and only the active steps are recorded, so every op
+    of the trace should run inside a window (coverage 1). Coverage well below 1 means the clocks disagree or
+    the trace holds ops from steps outside the windows, and then `step_breakdown`'s shares (ops inside a
+    window over its wall time) do not mean what they say.
+    Returns {"trace_op_ms": busy time of all ops in the trace, "in_windows_ms": the part inside the windows,
+    "coverage": their ratio, "windows": number of windows}.
+
+    Example (a synthetic trace: ops 0-40 and 90-110 us, one window 0-100 us):
+        >>> ev = [{"ts": 0.0, "dur": 40.0, "process": "CPU OP"}, {"ts": 90.0, "dur": 20.0, "process": "CPU OP"}]
+        >>> window_coverage(ProfileRun(Path("."), [1e-4], [0.0], [0], step_windows_us=[(0.0, 100.0)]), events=ev)
+        {'trace_op_ms': 0.06, 'in_windows_ms': 0.05, 'coverage': 0.8333333333333334, 'windows': 1}
+    """
+    if not isinstance(run, ProfileRun) or not run.step_windows_us:
+        raise ValueError("window_coverage: run must be the ProfileRun returned by profile_steps (it carries the "
+                         "wall-clock step windows); fix: pass profile_steps(...)'s result")
+    ops = op_events(events if events is not None else load_trace(run))
+    busy = _union((e["ts"], e["ts"] + e["dur"]) for e in ops)
+    total = _length(busy)
+    inside = sum(_length(_clip(busy, lo, hi)) for lo, hi in run.step_windows_us)
+    return {"trace_op_ms": total / 1e3, "in_windows_ms": inside / 1e3,
+            "coverage": inside / total if total else float("nan"), "windows": len(run.step_windows_us)}
+
+
+_NON_COMPUTE = {"data-bound": "data", "communication-bound": "communication", "launch/host-bound": "host"}
+
+
+def diagnosis_margin(breakdown: dict, *, threshold: float = 0.3, min_steps: int = 3) -> dict:
+    """`diagnose`'s verdict with its distance to the threshold, against the deciding share's step-to-step range.
+
+    The deciding share is the largest non-compute share of the window (data, communication or host): it alone
+    decides between its own bottleneck (>= threshold) and compute-bound (< threshold). Each recorded step gives
+    its own value of that share (its part over its wall time); their range (max - min) is the noise of this run.
+    The verdict is decided when the window's share is farther from the threshold than that range, from at least
+    `min_steps` steps (the range of two steps says little); otherwise `verdict` is 'undecided', which no caller
+    may claim as a result. Returns {verdict, bottleneck (diagnose's, decided or not), share_name, share,
+    threshold, margin, per_step, step_range, steps, decided}.
+
+    Example (host 28 % against the 30 % threshold, steps at 24 % and 32 %: undecided):
+        >>> b = {"compute_share": 0.72, "communication_share": 0.0, "data_share": 0.0, "host_share": 0.28,
+        ...      "per_step": [{"step_ms": 10, "compute_ms": 7.6, "communication_ms": 0, "data_ms": 0, "host_ms": 2.4},
+        ...                   {"step_ms": 10, "compute_ms": 6.8, "communication_ms": 0, "data_ms": 0, "host_ms": 3.2},
+        ...                   {"step_ms": 10, "compute_ms": 7.2, "communication_ms": 0, "data_ms": 0, "host_ms": 2.8}]}
+        >>> m = diagnosis_margin(b)
+        >>> m["bottleneck"], m["verdict"], round(m["margin"], 3), round(m["step_range"], 3)
+        ('compute-bound', 'undecided', 0.02, 0.08)
+    """
+    d = diagnose(breakdown, threshold=threshold)
+    if not isinstance(min_steps, int) or min_steps < 2:
+        raise ValueError(f"diagnosis_margin: min_steps={min_steps!r} is invalid; fix: at least 2 steps give a range")
+    shares = {name: float(breakdown[f"{kind}_share"]) for name, kind in _NON_COMPUTE.items()}
+    name = max(shares, key=shares.get)
+    kind = _NON_COMPUTE[name]
+    per_step = [s[f"{kind}_ms"] / s["step_ms"] for s in breakdown.get("per_step", []) if s.get("step_ms")]
+    step_range = (max(per_step) - min(per_step)) if per_step else float("nan")
+    margin = abs(shares[name] - threshold)
+    decided = len(per_step) >= min_steps and margin > step_range
+    return {"verdict": d.bottleneck if decided else "undecided", "bottleneck": d.bottleneck,
+            "share_name": f"{kind}_share", "share": shares[name], "threshold": threshold, "margin": margin,
+            "per_step": per_step, "step_range": step_range, "steps": len(per_step), "decided": decided}
+
+
 def overhead_ratio(profiled_step_s: Sequence[float], plain_step_s: Sequence[float]) -> float:
     """Median profiled step time over median plain step time (1.0 = no overhead)."""
     if not len(profiled_step_s) or not len(plain_step_s):

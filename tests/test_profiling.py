@@ -174,3 +174,38 @@ def test_find_profile_dirs_oldest_first(tmp_path):
 def test_comm_pattern_has_word_boundaries(name, comm):
     from mshelpers.profiling import COMM_OP_PATTERN
     assert bool(COMM_OP_PATTERN.search(name)) is comm, name
+
+
+def test_window_coverage_holds_the_trace_and_drops_when_the_clocks_disagree(plain_run):
+    cov = P.window_coverage(plain_run)
+    assert cov["windows"] == 3 and cov["trace_op_ms"] > 0
+    assert cov["coverage"] >= 0.99
+    # The same trace against windows shifted by a second: the two clocks no longer agree.
+    shifted = P.ProfileRun(plain_run.profile_dir, plain_run.step_times_s, plain_run.data_times_s,
+                           plain_run.active_steps, [(a + 1e6, b + 1e6) for a, b in plain_run.step_windows_us])
+    assert P.window_coverage(shifted)["coverage"] < 0.5
+    with pytest.raises(ValueError, match="ProfileRun"):
+        P.window_coverage(str(plain_run.profile_dir))
+
+
+def _steps(host_shares):
+    return [{"step_ms": 10.0, "compute_ms": 10.0 * (1 - h), "communication_ms": 0.0, "data_ms": 0.0,
+             "host_ms": 10.0 * h} for h in host_shares]
+
+
+def test_diagnosis_margin_decides_only_beyond_the_step_range():
+    far = {"compute_share": 0.9, "communication_share": 0.0, "data_share": 0.0, "host_share": 0.1,
+           "per_step": _steps([0.09, 0.10, 0.11])}
+    m = P.diagnosis_margin(far)
+    assert m["decided"] and m["verdict"] == "compute-bound" and m["share_name"] == "host_share"
+    assert m["margin"] == pytest.approx(0.2) and m["step_range"] == pytest.approx(0.02)
+    near = {**far, "host_share": 0.283, "compute_share": 0.717, "per_step": _steps([0.25, 0.283, 0.31])}
+    m = P.diagnosis_margin(near)
+    assert not m["decided"] and m["verdict"] == "undecided" and m["bottleneck"] == "compute-bound"
+    above = {**far, "host_share": 0.6, "compute_share": 0.4, "per_step": _steps([0.58, 0.6, 0.62])}
+    assert P.diagnosis_margin(above)["verdict"] == "launch/host-bound"
+    two = {**far, "per_step": _steps([0.1, 0.1])}             # two steps: no range to speak of
+    assert P.diagnosis_margin(two)["verdict"] == "undecided"
+    assert P.diagnosis_margin(two, min_steps=2)["verdict"] == "compute-bound"
+    with pytest.raises(ValueError, match="min_steps"):
+        P.diagnosis_margin(far, min_steps=1)
