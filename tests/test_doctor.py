@@ -1,7 +1,6 @@
 """The config doctor (mshelpers.doctor): calibration on two published points, error on the others, the
 13B tuning case in the guide's order, the CLI's --json line, one-line errors with exit code 2, and the
 improved YAML loaded back by mindformers' own classes."""
-import copy
 import json
 import statistics
 from pathlib import Path

@@ -7,7 +7,6 @@ stdout and what its logger wrote to $LOG_MF_PATH/rank_0/info.log. The metrics.cs
 """
 from __future__ import annotations
 
-import math
 import os
 import random
 import re

@@ -8,7 +8,6 @@ predicted order of one model's layouts with the published order (Kendall's tau).
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import statistics
@@ -276,13 +275,3 @@ def guide_13b_ranking(base: Any, hw: DoctorHardware | None = None, calib: Calibr
                      "error": st["tokens_per_s_per_device"] / s["published"] - 1,
                      "memory_GiB": round(m["memory_per_device_bytes"] / 2**30, 1), "fits": m["fits"]})
     return rows
-
-
-def more_published(data_dir: str | None = None) -> tuple:
-    """Rows of tests/data/mindformers/published_more.json (other families), role "check", when present."""
-    path = os.path.join(data_dir or fixture_dir(), "published_more.json")
-    if not os.path.isfile(path):
-        return ()
-    with open(path) as f:
-        rows = json.load(f)
-    return tuple(dict(r, role=r.get("role", "check")) for r in rows)

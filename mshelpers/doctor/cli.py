@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
-from typing import Any
 
-from .calibration import CALIBRATION, Calibration
-from .cost import flops_per_token, param_count, step_time
+from .calibration import Calibration
+from .cost import flops_per_token
 from .describe import DoctorError
 from . import logs as _logs  # noqa: F401  (imported here so measured_run finds it)
 from .report import diagnose, render_text, summary_json, write_outputs

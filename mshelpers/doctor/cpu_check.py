@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 from typing import Any
 
 from .calibration import Calibration
-from .cost import param_count, step_time
-from .describe import Config, DoctorError, Layout, Model, _sibling
+from .cost import step_time
+from .describe import Config, DoctorError, _sibling
 from .hardware import DoctorHardware
 from .readers import read_config
 

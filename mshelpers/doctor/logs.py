@@ -52,7 +52,7 @@ import math
 import os
 import re
 import statistics
-from typing import Any, Iterable
+from typing import Any
 
 
 class LogError(ValueError):

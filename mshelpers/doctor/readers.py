@@ -403,9 +403,6 @@ def _static(d: dict, dialect: str, budget: Any, model_config: Any) -> Config:
     moe_cfg = d.get("moe_config")
     if isinstance(moe_cfg, dict):                                 # r1.x Mixtral / Qwen2-MoE / DeepSeek-V2
         merged.update({k: v for k, v in moe_cfg.items() if v is not None})
-        if moe_cfg.get("expert_num") and not moe_cfg.get("moe_intermediate_size") and \
-                not mc.get("moe_intermediate_size") and moe_cfg.get("moe_intermediate_size") is None:
-            pass
     elif moe_cfg is not None:
         raise DoctorError("moe_config", moe_cfg, "a mapping (expert_num, num_experts_chosen, ...)")
     merged.update({k: v for k, v in mc.items() if v is not None})
@@ -637,7 +634,7 @@ def with_layout(cfg: Config, **kw) -> Config:
     if cfg.dialect == "pynative":
         par, tr = d.setdefault("parallelism", {}), d.setdefault("training", {})
         lay = cfg.layout
-        dp, tp, pp = kw.get("data_parallel", lay.dp), kw.get("model_parallel", lay.tp), kw.get("pipeline_stage", lay.pp)
+        dp, pp = kw.get("data_parallel", lay.dp), kw.get("pipeline_stage", lay.pp)
         b = kw.get("batch_size", lay.batch)
         n = (kw.get("micro_batch_num", lay.micro) if pp > 1 else kw.get("gradient_accumulation_steps", lay.grad_accum))
         for k, v in kw.items():
