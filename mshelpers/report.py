@@ -359,7 +359,7 @@ def resume_check(cfg: Any, n: int, where: str | os.PathLike) -> dict[str, Any]:
 
 def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_flops: float | None = None,
                  resume_seed: int | None = None, resume_n: int = 6, context: dict | None = None,
-                 log_dir: str | None = None) -> dict[str, Any]:
+                 log_dir: str | None = None, compile_cache: str | None = None) -> dict[str, Any]:
     """One run of one config and seed, meant for a fresh process (`timing.compare_interleaved`).
 
     Returns the run's summary (health, efficiency, stability) with `peak_mem_mb` taken at the
@@ -370,6 +370,10 @@ def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_fl
     RunConfig fields, e.g. {"jit_config": {"jit_level": "O1"}} (graph-kernel fusion is an environment
     variable, MS_DEV_GRAPH_KERNEL_FLAGS, given to the fresh process). `log_dir` (fresh processes only)
     becomes the working folder and receives the process's stdout/stderr as <name>-s<seed>.log.
+    `compile_cache` (fresh processes only): a folder under which the training graph's MindSpore compile cache
+    is kept, one subfolder per graph (the config without seed, name and steps, the context, MindSpore's
+    version), so the second seed of a config skips most of its compile. Graph mode with grad_accum = 1 only
+    (accumulation's steps are ms.jit functions, unsafe on a warm cache); the resume check compiles uncached.
     """
     RunConfig = _sibling("config", "RunConfig")
     train = _sibling("train", "train")
@@ -385,8 +389,22 @@ def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_fl
     if context:
         import mindspore as ms
         ms.set_context(**context)
-    h = train(cfg, steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{seed}.csv", progress=False,
-              peak_flops=peak_flops)
+    cached = compile_cache is not None and cfg.mode == "graph" and cfg.grad_accum == 1
+    if cached:
+        import hashlib
+        import mindspore as ms
+        graph = {k: v for k, v in cfg.to_dict().items() if k not in ("seed", "name", "steps")}
+        key = hashlib.sha256(json.dumps([graph, context, ms.__version__], sort_keys=True, default=str)
+                             .encode()).hexdigest()[:16]
+        # read by MindSpore at each compile, so setting them here (after the forkserver's import) works
+        os.environ.update(MS_COMPILER_CACHE_ENABLE="1", MS_COMPILER_CACHE_PATH=str(Path(compile_cache).resolve() / key))
+    try:
+        h = train(cfg, steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{seed}.csv", progress=False,
+                  peak_flops=peak_flops)
+    finally:
+        if cached:
+            os.environ.pop("MS_COMPILER_CACHE_ENABLE", None)
+            os.environ.pop("MS_COMPILER_CACHE_PATH", None)
     s = h.summary()
     s["csv"] = str(h.csv_path)
     if resume_seed is not None and seed == resume_seed:

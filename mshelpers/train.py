@@ -65,13 +65,15 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
     scaler the scale halves. With cfg.grad_accum = k the batch is split into k
     micro-batches whose gradients are averaged before one update.
     """
-    if cfg.mode == "graph" and os.environ.get("MS_COMPILER_CACHE_ENABLE", "0") not in ("", "0"):
+    cache_on = os.environ.get("MS_COMPILER_CACHE_ENABLE", "0") not in ("", "0")
+    if cfg.mode == "graph" and cache_on and cfg.grad_accum > 1:
         # Measured on MindSpore 2.9 (tests/test_compile_cache.py): on a warm compile cache an ms.jit
-        # *function* step reads its parameters as zeros (loss ln(vocab), gradient norm 0), so the run
-        # would look alive and learn nothing. A Cell step (nn.TrainOneStepCell, workers/dp_train) is safe.
-        raise ValueError("make_train_step: MS_COMPILER_CACHE_ENABLE=1 with this ms.jit function step trains on "
-                         "zeroed weights from a warm cache (MindSpore 2.9); fix: unset MS_COMPILER_CACHE_ENABLE "
-                         "for train(), or use a Cell step such as nn.TrainOneStepCell with the cache")
+        # *function* reads the parameters it closes over as zeros (loss ln(vocab), gradient norm 0), so the
+        # run would look alive and learn nothing. The k = 1 step below is a Cell and safe; accumulation's
+        # three pieces are still functions.
+        raise ValueError("make_train_step: MS_COMPILER_CACHE_ENABLE=1 with grad_accum > 1: its ms.jit function steps "
+                         "train on zeroed weights from a warm cache (MindSpore 2.9); fix: unset "
+                         "MS_COMPILER_CACHE_ENABLE for this run, or use grad_accum=1")
     import mindspore as ms
     from mindspore import amp, ops
 
@@ -112,7 +114,9 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
 
     jit = ms.jit if cfg.mode == "graph" else (lambda f: f)
     if k == 1:
-        step_fn = jit(fused_step)
+        # GRAPH_MODE: a Cell, not an ms.jit function, so MindSpore's compile cache can be on (a warm
+        # function step reads its closed-over parameters as zeros); the same ops as fused_step
+        step_fn = _fused_step_cell(net, optimizer, scaler, clip, dynamic) if cfg.mode == "graph" else fused_step
 
         def step(input_ids):
             loss, grad_norm, finite = step_fn(input_ids)
@@ -134,6 +138,61 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
         return total, grad_norm, finite, scaler.scale_value
     accum_step.loss_scaler = scaler
     return accum_step
+
+
+def _fused_step_cell(net, optimizer, scaler, clip: float, dynamic: bool):
+    """make_train_step's k = 1 step as an nn.Cell: loss scaling, gradients, all_finite, global-norm clip, the
+    update (skipped on overflow) and the dynamic scale's adjustment, with the scaler's state as the Cell's own
+    Parameters. A warm compile cache (MindSpore 2.9) drops Parameters the graph reaches through another
+    object: a step that called `scaler.adjust` kept its scale at 2**127 through overflows. So the scale and
+    counter are attributes here (the scaler's own Parameter objects: checkpoints still save them through it)
+    and `DynamicLossScaler.adjust`'s update is written out below."""
+    import mindspore as ms
+    from mindspore import amp, nn, ops
+
+    class Scaled(nn.Cell):
+        def __init__(self, net, scale_value):
+            super().__init__(auto_prefix=False)
+            self.net, self.scale_value = net, scale_value
+
+        def construct(self, input_ids):
+            loss = self.net(input_ids)
+            return loss * self.scale_value.astype(loss.dtype)
+
+    class FusedStep(nn.Cell):
+        def __init__(self):
+            super().__init__(auto_prefix=False)
+            self.optimizer, self.clip, self.dynamic = optimizer, clip, dynamic
+            self.scale_value = scaler.scale_value
+            self.counter = scaler.counter if dynamic else None
+            self.scale_factor = float(scaler.scale_factor) if dynamic else 2.0
+            self.scale_window = int(scaler.scale_window) if dynamic else 1
+            self.grad_fn = ms.value_and_grad(Scaled(net, scaler.scale_value), None, optimizer.parameters)
+
+        def construct(self, input_ids):
+            loss, grads = self.grad_fn(input_ids)
+            inv = ops.reciprocal(self.scale_value)
+            loss = loss * inv.astype(loss.dtype)
+            grads = tuple(g * inv.astype(g.dtype) for g in grads)
+            finite = amp.all_finite(grads)
+            grad_norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g.astype(ms.float32))) for g in grads]))
+            if self.clip > 0:
+                factor = ops.minimum(self.clip / (grad_norm + 1e-6), 1.0)
+                grads = tuple(g * factor.astype(g.dtype) for g in grads)
+            if finite:
+                self.optimizer(grads)
+            if self.dynamic:   # DynamicLossScaler.adjust (MindSpore 2.9), on this Cell's Parameters
+                one = ops.ones((), self.scale_value.dtype)
+                up = self.scale_value * self.scale_factor
+                new = ops.select(finite,
+                                 ops.select(self.counter == (self.scale_window - 1),
+                                            ops.select(ops.isfinite(up), up, self.scale_value), self.scale_value),
+                                 ops.maximum(one, self.scale_value / self.scale_factor))
+                ops.assign(self.scale_value, new)
+                ops.assign(self.counter, ((self.counter + 1) % self.scale_window) * finite)
+            return loss, grad_norm, finite
+
+    return FusedStep()
 
 
 class NonFiniteLoss(RuntimeError):

@@ -1,5 +1,7 @@
 """Run in a fresh process by tests/test_compile_cache.py: 3 graph steps of the tiny preset, the step
-built as an `ms.jit` function ("function") or as a Cell ("cell"); prints the losses and gradient norms."""
+built as an `ms.jit` function ("function"), as a Cell ("cell"), or by `train.train` ("train": its Cell step with
+a dynamic loss scale that overflows at first, so the scale must halve); prints the losses and gradient norms
+(for "train": losses and loss scales)."""
 import json
 import sys
 
@@ -14,6 +16,13 @@ from mshelpers.train import make_optimizer
 from mshelpers.workers.dp_train import _dp_step_class
 
 kind = sys.argv[1]
+if kind == "train":
+    from mshelpers.train import train
+    cfg = RunConfig.preset("tiny").replace(mode="graph", steps=4, dynamic_loss_scale=True, loss_scale=2.0 ** 127,
+                                           warmup_steps=1)
+    h = train(cfg, steps=4, csv_path=sys.argv[2], progress=False)
+    print("RESULT " + json.dumps([h.column("loss"), h.column("loss_scale")]))
+    sys.exit(0)
 cfg = RunConfig.preset("tiny").replace(mode="graph", steps=3)
 setup(mode="graph", seed=cfg.seed)
 net = build_model(cfg)

@@ -21,11 +21,11 @@ import pytest
 PROBE = Path(__file__).with_name("_cache_probe.py")
 
 
-def run_probe(kind: str, cache: Path, garbage_ok: bool = False) -> list[list[float]] | str:
+def run_probe(kind: str, cache: Path, garbage_ok: bool = False, *args: str) -> list[list[float]] | str:
     """The probe's losses and gradient norms. With garbage_ok, a run that reads uninitialised memory and dies
     in a kernel (seen once in a fresh-clone CI run: Gather's indices out of range) returns MindSpore's line."""
     env = {**os.environ, "MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(cache), "GLOG_v": "3"}
-    p = subprocess.run([sys.executable, str(PROBE), kind], capture_output=True, text=True, env=env, timeout=300)
+    p = subprocess.run([sys.executable, str(PROBE), kind, *args], capture_output=True, text=True, env=env, timeout=300)
     line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
     if not line and garbage_ok:
         died = [l for l in (p.stdout + p.stderr).splitlines() if l.startswith("RuntimeError: For '")]
@@ -55,9 +55,22 @@ def test_a_jitted_function_step_loses_its_weights_on_a_warm_cache_and_a_cell_ste
     assert flat(warm_c) == pytest.approx(flat(cold_c), abs=1e-5) and cold_c[0][1] > 0    # the Cell: the same run
 
 
-def test_train_refuses_the_compile_cache_for_its_function_step(monkeypatch):
+def test_train_s_cell_step_keeps_weights_and_loss_scale_on_a_warm_cache(tmp_path):
+    """train()'s graph step on a warm cache: the same losses, and the dynamic scale still halves on overflow
+    (a step that reached the scaler's Parameters through the scaler object kept 2**127 warm)."""
+    cold = run_probe("train", tmp_path / "t", False, str(tmp_path / "cold.csv"))
+    warm = run_probe("train", tmp_path / "t", False, str(tmp_path / "warm.csv"))
+    print("train(), cold:", cold, "warm:", warm)
+    (cl, cs), (wl, ws) = cold, warm
+    assert cs[0] < 2.0 ** 127 and cs[-1] < cs[0]                  # overflow halved the scale, cold
+    assert ws == cs                                               # and warm, step for step
+    assert [str(x) for x in wl] == [str(x) for x in cl]           # the same losses (nan/inf included)
+    assert all(math.isfinite(x) for x in cl[-2:])                 # and it trains once the scale is sane
+
+
+def test_train_refuses_the_compile_cache_for_its_function_steps(monkeypatch):
     from mshelpers.config import RunConfig
     from mshelpers.train import make_train_step
     monkeypatch.setenv("MS_COMPILER_CACHE_ENABLE", "1")
-    with pytest.raises(ValueError, match="MS_COMPILER_CACHE_ENABLE=1.*fix: unset"):
-        make_train_step(None, None, RunConfig.preset("tiny").replace(mode="graph"))
+    with pytest.raises(ValueError, match="MS_COMPILER_CACHE_ENABLE=1 with grad_accum > 1.*fix: unset"):
+        make_train_step(None, None, RunConfig.preset("tiny").replace(mode="graph", grad_accum=2))
