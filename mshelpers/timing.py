@@ -204,7 +204,7 @@ def paired_verdict(base: list[float], cand: list[float], aa: list[float], higher
 def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline: str | None = None,
                         seeds: Any = None, isolate: bool = True, metrics: dict[str, bool] | None = None,
                         timeout: float = 900, progress: bool = True, forkserver_preload: Any = None,
-                        aa_control: bool = False) -> dict[str, Any]:
+                        aa_control: bool | dict = False) -> dict[str, Any]:
     """Run N candidates alternately over R rounds, rotating their order; medians, spreads and verdicts.
 
     candidates: {name: fn | (fn, args) | (fn, args, kwargs) | (fn, args, kwargs, env)}. Each call returns a
@@ -226,7 +226,9 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         Verdicts are then `paired_verdict`s: per-round ratios to the baseline against the band the A/A pair
         shows in the same run. If the A/A pair itself is not 'within noise' by `verdict()`, the machine was
         too noisy to decide: `too_noisy[metric]` is True and every verdict of that metric reads
-        'undecided (too noisy)', which no caller may claim as a result.
+        'undecided (too noisy)', which no caller may claim as a result. A dict instead of True turns the
+        control on and overrides those keyword arguments in the copy only (e.g. {"resume_seed": None}: the copy
+        times the baseline and skips the baseline's extra check).
     """
     if not candidates:
         raise ValueError("compare_interleaved: candidates is empty; fix: pass {name: fn or (fn, args, kwargs)}")
@@ -245,6 +247,10 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
             raise ValueError(f"compare_interleaved: a candidate is already named {aa_name!r}; fix: rename it")
         candidates = dict(candidates)
         candidates[aa_name] = candidates[baseline]
+        if isinstance(aa_control, dict):
+            spec = candidates[baseline]
+            fn, args, kwargs, env = (spec, (), {}, None) if callable(spec) else (tuple(spec) + ((), {}, None))[:4]
+            candidates[aa_name] = (fn, args, {**dict(kwargs), **aa_control}, env)
         names.insert(names.index(baseline) + 1, aa_name)
     specs = {}
     for n, spec in candidates.items():

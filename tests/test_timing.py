@@ -121,6 +121,14 @@ def test_an_a_a_control_runs_the_baseline_twice_in_the_rotation():
     assert len(set(firsts)) == 3                                            # rotated: none always runs first
 
 
+
+def test_an_a_a_control_given_as_a_dict_overrides_those_arguments_in_the_copy_only():
+    from mshelpers.timing import compare_interleaved
+    calls = []
+    fns = {"base": (lambda extra: calls.append(extra) or 0.1, (), {"extra": "check"}), "change": lambda: 0.1}
+    compare_interleaved(fns, rounds=2, isolate=False, progress=False, aa_control={"extra": None})
+    assert sorted(calls, key=str) == [None, None, "check", "check"]   # 2 baseline runs with it, 2 A/A runs without
+
 # With aa_control the baseline's callable serves both the baseline and the A/A runs. In the rotation
 # [base, A/A, change] -> [A/A, change, base] -> [change, base, A/A], its calls 0..5 are, per round:
 # base, A/A | A/A, base | base, A/A.
