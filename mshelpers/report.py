@@ -115,7 +115,7 @@ EXPECTATIONS = (*TIMING_SENTENCES, "undecided")
 
 def claim_timing(base_name: str, base: Sequence[float], cand_name: str, cand: Sequence[float], *,
                  expect: str | None = None, lower_is_better: bool = True, unit: str = "ms",
-                 rel_floor: float = 0.02) -> str:
+                 rel_floor: float = 0.02, control: Sequence[float] | None = None) -> str:
     """A timing verdict against the one expected beforehand: 'win', 'within noise', 'regression' or 'undecided'.
 
     The verdict rule is timing.verdict's (inlined so this module copies alone): the difference of the
@@ -125,6 +125,17 @@ def claim_timing(base_name: str, base: Sequence[float], cand_name: str, cand: Se
     `claim` and any other verdict raises ClaimFailed. Where the cookbook cannot know in advance (a lever
     that may or may not help on this CPU), expect='undecided': the measured verdict is printed as such, no
     sentence is claimed and nothing can pass or fail. Returns the measured verdict.
+
+    `control`: an A/A control, the baseline run a second time in the same rounds (lists aligned by round, as
+    `timing.compare_interleaved(aa_control=True)` gives them). The verdict is then timing.paired_verdict's
+    (inlined): per round, the candidate's log-ratio to the baseline must clear the largest |log-ratio| of the
+    A/A copy to it (at least `rel_floor`), with every round on the same side. If the A/A pair itself differs by
+    the rule above, the machine was too noisy: that is printed, nothing is claimed, and 'undecided (too noisy)'
+    is returned.
+
+        >>> claim_timing("O0", [100, 110, 105], "O1", [80, 88, 84], expect="win", control=[102, 108, 104])
+        ✓ O1 is faster than O0: median 84 ms (80–88) against 105 ms (100–110), ratio 0.8; per round 0.8 (0.8–0.8) against an A/A band of ±2.0 %  [verdict=win, expected=win]
+        'win'
 
         >>> claim_timing("O0", [100, 104, 102], "O1", [80, 82, 81], expect="win")
         ✓ O1 is faster than O0: median 81 ms (80–82) against 102 ms (100–104), ratio 0.794  [verdict=win, expected=win]
@@ -144,9 +155,30 @@ def claim_timing(base_name: str, base: Sequence[float], cand_name: str, cand: Se
     delta = (bm - cm) if lower_is_better else (cm - bm)
     verdict = "win" if delta > noise else "regression" if -delta > noise else "within noise"
     f = lambda v: f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
+    paired = ""
+    if control is not None:
+        if not (len(control) == len(base) == len(cand)) or len(base) < 2:
+            raise ValueError(f"claim_timing: base, cand and control have {len(base)}, {len(cand)} and {len(control)} "
+                             "values; fix: one value per round, at least 2 rounds, in the same order")
+        if min(map(float, (*base, *cand, *control))) <= 0:
+            raise ValueError("claim_timing: with a control every value must be > 0; fix: pass times or rates")
+        a = sorted(float(x) for x in control)
+        aa_noise = max(b[-1] - b[0], a[-1] - a[0], rel_floor * abs(bm))
+        if abs(statistics.median(a) - bm) > aa_noise:      # the A/A pair differs: no verdict this run
+            print(f"too noisy to decide {cand_name} against {base_name}: the A/A copy of {base_name} measured "
+                  f"median {f(statistics.median(a))} {unit} against {f(bm)} {unit}  [not a claim]")
+            return "undecided (too noisy)"
+        sign = 1 if lower_is_better else -1            # d > 0: the candidate is better
+        d = [sign * math.log(float(x) / float(y)) for x, y in zip(base, cand)]
+        band = max([abs(math.log(float(x) / float(y))) for x, y in zip(control, base)] + [math.log(1 + rel_floor)])
+        md = statistics.median(d)
+        verdict = "win" if md > band and min(d) > 0 else "regression" if md < -band and max(d) < 0 else "within noise"
+        r = sorted(float(y) / float(x) for x, y in zip(base, cand))
+        paired = (f"; per round {statistics.median(r):.3g} ({r[0]:.3g}–{r[-1]:.3g}) against an A/A band of "
+                  f"±{100 * (math.exp(band) - 1):.1f} %")
     text = (TIMING_SENTENCES[verdict].format(cand=cand_name, base=base_name) +
             f": median {f(cm)} {unit} ({f(c[0])}–{f(c[-1])}) against {f(bm)} {unit} ({f(b[0])}–{f(b[-1])}), "
-            f"ratio {cm / bm:.3g}" if bm else TIMING_SENTENCES[verdict].format(cand=cand_name, base=base_name))
+            f"ratio {cm / bm:.3g}" + paired if bm else TIMING_SENTENCES[verdict].format(cand=cand_name, base=base_name))
     if expect == "undecided":
         print(f"undecided beforehand, measured: {text}  [verdict={verdict}; not a claim]")
         return verdict

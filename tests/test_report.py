@@ -139,3 +139,28 @@ def test_claim_timing_requires_an_expectation_and_undecided_claims_nothing(capsy
         assert "✓" not in out
     with pytest.raises(ClaimFailed, match="verdict=win, expected=regression"):   # a claim contradicting its data
         claim_timing("O0", [100, 104, 102], "O1", [80, 82, 81], expect="regression")
+
+
+# ---------------------------------------------------------------- claim_timing with an A/A control
+def test_claim_timing_with_a_control_uses_the_per_round_band(capsys):
+    from mshelpers.report import ClaimFailed, claim_timing
+    drift_base = [100, 120, 140]                       # the machine slows round by round
+    aa = [101, 119, 142]                               # the baseline again: within 1.5 % per round (floor 2 %)
+    faster = [85, 102, 119]                            # 15 % faster in every round
+    # the old rule (medians against the widest range) calls 15 % noise under this drift; the paired one does not
+    assert claim_timing("base", drift_base, "fast", faster, expect="undecided") == "within noise"
+    assert claim_timing("base", drift_base, "fast", faster, expect="win", control=aa) == "win"
+    assert "A/A band of ±2.0 %" in capsys.readouterr().out
+    noop = [99, 121, 141]
+    assert claim_timing("base", drift_base, "noop", noop, expect="within noise", control=aa) == "within noise"
+    with pytest.raises(ClaimFailed):                   # a claim the measurement contradicts still raises
+        claim_timing("base", drift_base, "noop", noop, expect="win", control=aa)
+
+
+def test_claim_timing_claims_nothing_when_the_a_a_pair_itself_differs(capsys):
+    from mshelpers.report import claim_timing
+    got = claim_timing("base", [100, 101, 102], "fast", [50, 51, 52], expect="win", control=[150, 151, 149])
+    assert got == "undecided (too noisy)"
+    assert "too noisy to decide fast against base" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="one value per round"):
+        claim_timing("base", [1, 2], "c", [1, 2], expect="win", control=[1])
