@@ -1,19 +1,18 @@
 """Run in a fresh process by tests/test_compile_cache.py: 3 graph steps of the tiny preset, the step
-built as an `ms.jit` function ("function"), as a Cell ("cell"), or by `train.train` ("train": its Cell step with
+built as an `ms.jit` function ("function"), or by `train.train` ("train": its Cell step with
 a dynamic loss scale that overflows at first, so the scale must halve); prints the losses and gradient norms
 (for "train": losses and loss scales)."""
 import json
 import sys
 
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import ops
 
 from mshelpers.config import RunConfig
 from mshelpers.data import numpy_batches
 from mshelpers.device import setup
 from mshelpers.model import build_model
 from mshelpers.train import make_optimizer
-from mshelpers.workers.dp_train import _dp_step_class
 
 kind = sys.argv[1]
 if kind == "train":
@@ -27,16 +26,16 @@ cfg = RunConfig.preset("tiny").replace(mode="graph", steps=3)
 setup(mode="graph", seed=cfg.seed)
 net = build_model(cfg)
 opt = make_optimizer(net, cfg)
-if kind == "cell":
-    step = _dp_step_class()(net, opt, None, 1.0)
-else:
-    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+grad_fn = ms.value_and_grad(net, None, opt.parameters)
 
-    @ms.jit
-    def step(input_ids):
-        loss, grads = grad_fn(input_ids)
-        opt(grads)
-        return loss, ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g)) for g in grads]))
+
+@ms.jit
+def step(input_ids):
+    loss, grads = grad_fn(input_ids)
+    opt(grads)
+    return loss, ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g)) for g in grads]))
+
+
 batches = numpy_batches(cfg)
 out = [[float(t.asnumpy()) for t in step(ms.Tensor(next(batches), ms.int32))] for _ in range(3)]
 print("RESULT " + json.dumps(out))

@@ -1,10 +1,13 @@
-"""MindSpore 2.9's on-disk compile cache and the two ways to build a train step (notebook 04's NaN).
+"""MindSpore 2.9's on-disk compile cache and the ways to build a train step (notebook 04's NaN).
 
 Measured here (2 fresh processes per kind, the second with a warm cache): a step built as an
 `ms.jit` *function* trains cold, but warm its parameters read as zeros (loss exactly ln(vocab),
-gradient norm 0; under 2-rank DATA_PARALLEL the next step is NaN). A step built as a Cell trains
-identically cold and warm. (On tiny, the warm function step's first loss is NaN.) So `dp_train` builds a Cell, and `train.make_train_step` (a function)
-refuses the cache with one line. If a MindSpore upgrade makes the first test fail, the bug is fixed:
+gradient norm 0; under 2-rank DATA_PARALLEL the next step is NaN; on tiny the warm first loss is NaN).
+The same happens to any Parameter the graph reaches through another object: a Cell that called a
+DynamicLossScaler's `adjust` kept its scale through overflows. `train.make_train_step`'s graph step is a
+Cell that holds those Parameters itself, and trains identically cold and warm (the second test, which
+also stands for `dp_train`'s Cell). Accumulation's steps are still functions: `make_train_step` refuses
+the cache for them with one line. If a MindSpore upgrade makes the first test fail, the bug is fixed:
 drop the refusal.
 """
 from __future__ import annotations
@@ -35,7 +38,7 @@ def run_probe(kind: str, cache: Path, garbage_ok: bool = False, *args: str) -> l
     return json.loads(line[-1][len("RESULT "):])
 
 
-def test_a_jitted_function_step_loses_its_weights_on_a_warm_cache_and_a_cell_step_does_not(tmp_path):
+def test_a_jitted_function_step_loses_its_weights_on_a_warm_cache(tmp_path):
     from mshelpers.config import RunConfig
     ln_v = math.log(RunConfig.preset("tiny").vocab_size)
     cold_f = run_probe("function", tmp_path / "f")
@@ -49,10 +52,6 @@ def test_a_jitted_function_step_loses_its_weights_on_a_warm_cache_and_a_cell_ste
         assert "Gather" in warm_f or "index" in warm_f, warm_f
     else:
         assert not warm_f[0][0] == pytest.approx(cold_f[0][0], abs=1e-4)
-    cold_c, warm_c = run_probe("cell", tmp_path / "c"), run_probe("cell", tmp_path / "c")
-    print("cell step, cold:", cold_c, "warm:", warm_c)
-    flat = lambda rows: [x for row in rows for x in row]
-    assert flat(warm_c) == pytest.approx(flat(cold_c), abs=1e-5) and cold_c[0][1] > 0    # the Cell: the same run
 
 
 def test_train_s_cell_step_keeps_weights_and_loss_scale_on_a_warm_cache(tmp_path):
