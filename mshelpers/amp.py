@@ -477,13 +477,15 @@ def _check_call(net: Any, xs: tuple) -> None:
 
 # ------------------------------------------------ one AMP level, for run_isolated
 def amp_level_run(level: str, preset: str = "mini", steps: int = 4, seed: int = 0,
-                  peak_flops: float | None = None) -> dict:
+                  peak_flops: float | None = None, compile_cache: str | None = None) -> dict:
     """Train `preset` in GRAPH_MODE at AMP `level` through mindformers' own precision knobs
     (`mshelpers.model.precision_knobs`) and return one table row: the knobs, first and median
     step time, loss at the last step, overflow steps, and the parameter/activation dtypes.
 
     Meant for `mshelpers.timing.run_isolated`, which adds the process's peak RSS: each level
-    in a fresh process, so memory and compile caches do not leak between levels.
+    in a fresh process, so memory and compile caches do not leak between levels. `compile_cache`: a folder
+    for MindSpore's compile cache (`train.compile_cache`), so that a second process of the same level loads
+    its graph instead of compiling it.
 
     Example (the level is checked before any MindSpore work):
         >>> from mshelpers.timing import run_isolated
@@ -507,8 +509,9 @@ def amp_level_run(level: str, preset: str = "mini", steps: int = 4, seed: int = 
     cfg = RunConfig.preset(preset).replace(mode="graph", amp_level=level, steps=steps, seed=seed).validate()
     device = setup(mode="graph", seed=seed)
     net = build_model(cfg, device)
-    hist = train(cfg, net=net, progress=False, peak_flops=peak_flops or 1.0,
-                 csv_path=build_dir("runs") / f"amp-{preset}-{level}.csv")
+    with _sibling("train", "compile_cache")(cfg, compile_cache):   # None: compile as usual
+        hist = train(cfg, net=net, progress=False, peak_flops=peak_flops or 1.0,
+                     csv_path=build_dir("runs") / f"amp-{preset}-{level}.csv")
     s = hist.summary()
     x = ms.Tensor(next(numpy_batches(cfg)), ms.int32)
     dtypes = dtype_report(net, x).summary()

@@ -421,34 +421,9 @@ def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_fl
     if context:
         import mindspore as ms
         ms.set_context(**context)
-    cached = compile_cache is not None and cfg.mode == "graph" and cfg.grad_accum == 1
-    if cached:
-        import hashlib
-        import mindspore as ms
-        graph = {k: v for k, v in cfg.to_dict().items() if k not in ("seed", "name")}
-        key = hashlib.sha256(json.dumps([graph, context, ms.__version__], sort_keys=True, default=str)
-                             .encode()).hexdigest()[:16]
-        # read by MindSpore at each compile, so setting them here (after the forkserver's import) works
-        os.environ.update(MS_COMPILER_CACHE_ENABLE="1", MS_COMPILER_CACHE_PATH=str(Path(compile_cache).resolve() / key))
-        # MindSpore hashes its "entry script" (sys.argv[0] at import) into the cache's validity; a forked or
-        # `python -c` process has none ('-c': compile fails on a missing file), so name the file that builds
-        # the step: editing it then invalidates the cache
-        import importlib
-        import inspect
-        for mod in ("mindspore.graph.api", "mindspore.common.api"):
-            try:
-                api = importlib.import_module(mod)
-            except ImportError:
-                continue
-            if hasattr(api, "entry_script_path") and not os.path.isfile(str(api.entry_script_path)):
-                api.entry_script_path = inspect.getsourcefile(train)
-    try:
+    with _sibling("train", "compile_cache")(cfg, compile_cache, context):
         h = train(cfg, steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{seed}.csv", progress=False,
                   peak_flops=peak_flops)
-    finally:
-        if cached:
-            os.environ.pop("MS_COMPILER_CACHE_ENABLE", None)
-            os.environ.pop("MS_COMPILER_CACHE_PATH", None)
     s = h.summary()
     # steady state: the second half of the steps. MindSpore's CPU runtime runs the first steps after the
     # compile slower (steps 2-5 about 1.3x steps 6-10 of the mini preset, whatever the lr warm-up: AMD EPYC,

@@ -17,9 +17,10 @@ import math
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 # Siblings (config, metrics, data, model, device, checkpoint, stability) are imported inside the functions
 # that use them: `lr_at`, `run_lock` and the step builders work from a copy of this file alone; `train()` and
@@ -438,6 +439,57 @@ class _MetricsCSV:
         if self._f is not None:
             self._f.close()
             self._f = None
+
+
+@contextmanager
+def compile_cache(cfg: Any, root: str | Path | None, context: dict | None = None) -> Iterator[bool]:
+    """MindSpore's compile cache for the training step of `cfg`, in a fresh process: one folder under `root`
+    per graph (the config without seed and name, `context`, MindSpore's version), so a second process that
+    trains the same graph loads it instead of compiling (a mini step: about 10 s cold, 2 s warm on 2 CPU
+    cores). Yields True when the cache is on; a no-op (False) for PyNative, for grad_accum > 1 (its three
+    ms.jit functions reach Parameters through closures and come back from a warm cache with zeroed weights:
+    tests/test_compile_cache.py), and when `root` is None. `cfg` is a RunConfig or a plain dict of its fields.
+
+    MindSpore reads the cache only at the first compile of a process, so use it in fresh processes
+    (`timing.run_isolated`, the CLI's --compile-cache); the variables are removed again on exit.
+
+    Example:
+        >>> with compile_cache({"mode": "pynative", "grad_accum": 1}, "/tmp/cache") as on:
+        ...     on
+        False
+    """
+    fields = dict(cfg) if isinstance(cfg, dict) else cfg.to_dict()
+    on = root is not None and fields.get("mode") == "graph" and fields.get("grad_accum", 1) == 1
+    if root is not None and not isinstance(root, (str, Path)):
+        raise TypeError(f"compile_cache: root={root!r} is invalid; fix: pass a folder path or None")
+    if not on:
+        yield False
+        return
+    import hashlib
+    import importlib
+    import inspect
+    import json
+    import mindspore as ms
+    graph = {k: v for k, v in fields.items() if k not in ("seed", "name")}
+    key = hashlib.sha256(json.dumps([graph, context, ms.__version__], sort_keys=True, default=str)
+                         .encode()).hexdigest()[:16]
+    # read by MindSpore at each compile, so setting them after the import (a forkserver's) works
+    os.environ.update(MS_COMPILER_CACHE_ENABLE="1", MS_COMPILER_CACHE_PATH=str(Path(root).resolve() / key))
+    # MindSpore hashes its "entry script" (sys.argv[0] at import) into the cache's validity; a forked or
+    # `python -c` process has none ('-c': the compile fails on a missing file), so name the file that builds
+    # the step: editing it then invalidates the cache
+    for mod in ("mindspore.graph.api", "mindspore.common.api"):
+        try:
+            api = importlib.import_module(mod)
+        except ImportError:
+            continue
+        if hasattr(api, "entry_script_path") and not os.path.isfile(str(api.entry_script_path)):
+            api.entry_script_path = inspect.getsourcefile(make_train_step)
+    try:
+        yield True
+    finally:
+        os.environ.pop("MS_COMPILER_CACHE_ENABLE", None)
+        os.environ.pop("MS_COMPILER_CACHE_PATH", None)
 
 
 def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callable[[dict], Any]] = (), *,
@@ -861,6 +913,9 @@ def main(argv: list[str] | None = None, cli_process: bool | None = None) -> int:
                     help="on --resume, continue although the data file's content changed")
     ap.add_argument("--overwrite", action="store_true", help="start fresh in a used folder, moving the old run "
                                                              "into DIR/previous/")
+    ap.add_argument("--compile-cache", default=None, metavar="DIR",
+                    help="keep MindSpore's compile cache of the training step under DIR (one folder per graph), so a "
+                         "resumed or repeated run of the same settings loads its graph instead of compiling it")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--debug", action="store_true", help="show tracebacks and MindSpore's own log")
     a = ap.parse_args(argv)
@@ -1019,8 +1074,9 @@ def _run(a, stop: StopSignal | None = None) -> int:
             for n in notes:
                 print(n, file=sys.stderr)
 
-        h = train(cfg, steps=a.steps, csv_path=csv, progress=not a.quiet, ckpt_dir=ckpts,
-                  ckpt_every=ckpt_every, keep=a.keep, resume=a.resume, run=run, on_ready=ready, stop=stop)
+        with compile_cache(cfg, a.compile_cache):
+            h = train(cfg, steps=a.steps, csv_path=csv, progress=not a.quiet, ckpt_dir=ckpts,
+                      ckpt_every=ckpt_every, keep=a.keep, resume=a.resume, run=run, on_ready=ready, stop=stop)
     s = h.summary() if h.rows else None
     if s and s["rollbacks"]:
         print(f"spike guard: {s['rollbacks']} rollbacks, skipped data positions {s['skipped_data_pos']}")

@@ -387,23 +387,26 @@ class TrainStepTimer:
 
 
 def isolated_step_times(overrides: dict, *, preset: str = "mini", mode: str = "graph",
-                        cpu_threads: int | None = None, steps: int = 2, repeats: int = 3) -> list[float]:
+                        cpu_threads: int | None = None, steps: int = 2, repeats: int = 3,
+                        compile_cache: str | None = None) -> list[float]:
     """In THIS process: set the CPU thread count (if given), then time `repeats` medians of `steps` steps.
 
     Meant to run through `mshelpers.timing.run_isolated`, one fresh process per candidate, because
     the thread count can only be set before the first compile of a process (as AOE results are read
-    at the next compile).
+    at the next compile). `compile_cache`: a folder for MindSpore's compile cache (`train.compile_cache`,
+    one subfolder per graph), so that the processes after the first load the step instead of compiling it.
     """
     if cpu_threads is not None:
         set_cpu_op_threads(cpu_threads)
     RunConfig = _sibling("config", "RunConfig")
     timer = TrainStepTimer(RunConfig.preset(preset).replace(mode=mode, **overrides), steps=steps)
-    return [timer({}) for _ in range(repeats)]
+    with _sibling("train", "compile_cache")(timer.config_for({}), compile_cache):
+        return [timer({}) for _ in range(repeats)]
 
 
 def isolated_median_step_s(overrides: dict, *, preset: str = "mini", mode: str = "graph",
-                           cpu_threads: int | None = None, steps: int = 3) -> float:
+                           cpu_threads: int | None = None, steps: int = 3, compile_cache: str | None = None) -> float:
     """`isolated_step_times` reduced to one number (median seconds per step of `steps` steady steps), for
     `mshelpers.timing.compare_interleaved`, which runs each call in a fresh process."""
     return isolated_step_times(overrides, preset=preset, mode=mode, cpu_threads=cpu_threads, steps=steps,
-                               repeats=1)[0]
+                               repeats=1, compile_cache=compile_cache)[0]

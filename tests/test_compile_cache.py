@@ -73,3 +73,38 @@ def test_train_refuses_the_compile_cache_for_its_function_steps(monkeypatch):
     monkeypatch.setenv("MS_COMPILER_CACHE_ENABLE", "1")
     with pytest.raises(ValueError, match="MS_COMPILER_CACHE_ENABLE=1 with grad_accum > 1.*fix: unset"):
         make_train_step(None, None, RunConfig.preset("tiny").replace(mode="graph", grad_accum=2))
+
+
+def test_the_cli_compile_cache_is_bitwise_faster_warm_and_survives_a_damaged_file(tmp_path):
+    """`python -m mshelpers.train --compile-cache DIR`: a cold run fills one folder per graph, a warm run loads it
+    (a shorter first step, the same losses to the bit), and a truncated cache file (a run killed while it wrote
+    it) costs a recompile, never a wrong result: MindSpore logs an ERROR line and compiles. Also measured by
+    hand (2026-12-03): an emptied dependency hash, a cache on a full disk and two cold writers at once each
+    gave the same losses."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import cli_fork
+    from mshelpers.table import read_csv
+
+    cache = tmp_path / "cache"
+    base = ["--preset", "tiny", "--set", "mode=graph", "--set", "num_layers=1", "--steps", "6", "--quiet",
+            "--compile-cache", str(cache)]
+
+    def run(name, *extra):
+        p = cli_fork.run([*base, "--out", str(tmp_path / name), *extra], timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        rows = read_csv(tmp_path / name / "metrics.csv")
+        return [r["loss"] for r in rows], rows[0]["step_time_s"]
+
+    cold, cold_first = run("cold")
+    graphs = [d for d in cache.iterdir() if d.is_dir()]
+    assert len(graphs) == 1, graphs
+    mindir = sorted(graphs[0].rglob("*.mindir"))
+    assert mindir and mindir[0].stat().st_size > 0
+    warm, warm_first = run("warm")
+    assert warm == cold
+    assert warm_first < 0.75 * cold_first, (warm_first, cold_first)     # measured: about 0.4 s warm, 3.5 s cold
+    size = mindir[0].stat().st_size
+    with open(mindir[0], "r+b") as f:
+        f.truncate(size // 2)
+    damaged, _ = run("damaged")
+    assert damaged == cold

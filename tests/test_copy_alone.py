@@ -60,6 +60,12 @@ CALLS: dict[str, str] = {
             assert "fix:" in str(e)
         else:
             raise AssertionError("check_steps accepted MAX_STEPS + 1")
+        import os
+        with m.compile_cache({"mode": "graph", "grad_accum": 2}, os.getcwd()) as on:   # plain dict; accumulation: off
+            assert on is False and "MS_COMPILER_CACHE_ENABLE" not in os.environ
+        with m.compile_cache({"mode": "graph", "grad_accum": 1, "lr": 1e-3}, os.getcwd()) as on:
+            assert on is True and os.environ["MS_COMPILER_CACHE_PATH"].startswith(os.getcwd())
+        assert "MS_COMPILER_CACHE_ENABLE" not in os.environ
     """,
     "checkpoint": """
         import numpy as np, os

@@ -24,10 +24,12 @@ from mshelpers.train import lr_at
 
 # tiny with one layer: what these tests check (resume, refusals, files on disk) does not depend on depth, and the
 # CPU graph compile unrolls every layer (measured: first step 3.1 s with one layer, 4.5-5.2 s with tiny's two)
+# Every run shares this worker's compile cache: the same settings compile once (about 3.5 s a run saved), and
+# each resume below also checks that a graph loaded from the cache continues bitwise
 BASE = ["--preset", "tiny", "--set", "mode=graph", "--set", "num_layers=1", "--set", "dynamic_loss_scale=true",
-        "--set", "loss_scale=1024", "--quiet"]
+        "--set", "loss_scale=1024", "--quiet", "--compile-cache", cli_fork.COMPILE_CACHE]
 TWO_LAYERS = ["--preset", "tiny", "--set", "mode=graph", "--set", "dynamic_loss_scale=true",   # tiny as it is
-              "--set", "loss_scale=1024", "--quiet"]
+              "--set", "loss_scale=1024", "--quiet", "--compile-cache", cli_fork.COMPILE_CACHE]
 
 
 def cli(out, *args, check=True, base=BASE, cwd=None):

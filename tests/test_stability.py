@@ -232,7 +232,7 @@ def cli(out, data, *args):
     """`python -m mshelpers.train ...`, forked from a server that imported MindSpore once (tests/cli_fork.py)."""
     import cli_fork
     cmd = ["--preset", "tiny", "--set", "mode=graph", "--set", f"data={data}",
-           "--set", "spike_guard=true", "--quiet", "--out", str(out), *args]
+           "--set", "spike_guard=true", "--quiet", "--compile-cache", cli_fork.COMPILE_CACHE, "--out", str(out), *args]
     p = cli_fork.run(cmd, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     return p.stdout + p.stderr
