@@ -226,7 +226,9 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         Verdicts are then `paired_verdict`s: per-round ratios to the baseline against the band the A/A pair
         shows in the same run. If the A/A pair itself is not 'within noise' by `verdict()`, the machine was
         too noisy to decide: `too_noisy[metric]` is True and every verdict of that metric reads
-        'undecided (too noisy)', which no caller may claim as a result. A dict instead of True turns the
+        'undecided (too noisy)', which no caller may claim as a result. `band[metric]` is the noise band the
+        verdicts used, as a relative change (0.1 = the A/A pair differed by up to 10 % in some round; at
+        least 2 %). A dict instead of True turns the
         control on and overrides those keyword arguments in the copy only (e.g. {"resume_seed": None}: the copy
         times the baseline and skips the baseline's extra check).
     """
@@ -289,12 +291,15 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         got = {x["round"]: float(x[m]) for x in runs if x["name"] == name and x.get(m) is not None}
         return [got[r] for r in range(rounds)] if len(got) == rounds else None
 
-    too_noisy = {}
+    too_noisy, band = {}, {}
     if aa_control:
+        import math
         for m in metrics:
             b, a = by_round(baseline, m), by_round(aa_name, m)
             if b and a:
                 too_noisy[m] = verdict(b, a, metrics[m]) != "within noise"
+                if min(b + a) > 0:   # paired_verdict's band, as a relative change: the largest A/A ratio over rounds
+                    band[m] = math.exp(max([abs(math.log(y / x)) for x, y in zip(b, a)] + [math.log(1.02)])) - 1
     table = []
     for name in names:
         row: dict[str, Any] = {"name": name, "rounds": rounds}
@@ -317,4 +322,4 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
                     row[f"{m} verdict"] = verdict(bvals, vals, hib)
         table.append(row)
     return {"runs": runs, "table": table, "baseline": baseline, "rounds": rounds, "aa": aa_name,
-            "too_noisy": too_noisy}
+            "too_noisy": too_noisy, "band": band}

@@ -444,9 +444,9 @@ class _MetricsCSV:
 @contextmanager
 def compile_cache(cfg: Any, root: str | Path | None, context: dict | None = None) -> Iterator[bool]:
     """MindSpore's compile cache for the training step of `cfg`, in a fresh process: one folder under `root`
-    per graph (the config without seed and name, `context`, MindSpore's version), so a second process that
-    trains the same graph loads it instead of compiling (a mini step: about 10 s cold, 2 s warm on 2 CPU
-    cores). Yields True when the cache is on; a no-op (False) for PyNative, for grad_accum > 1 (its three
+    per graph (the config without seed and name, `context`, MindSpore's version, the sources beside this
+    file), so a second process that trains the same graph loads it instead of compiling (a mini step: about
+    10 s cold, 2 s warm on 2 CPU cores). Yields True when the cache is on; a no-op (False) for PyNative, for grad_accum > 1 (its three
     ms.jit functions reach Parameters through closures and come back from a warm cache with zeroed weights:
     tests/test_compile_cache.py), and when `root` is None. `cfg` is a RunConfig or a plain dict of its fields.
 
@@ -471,7 +471,11 @@ def compile_cache(cfg: Any, root: str | Path | None, context: dict | None = None
     import json
     import mindspore as ms
     graph = {k: v for k, v in fields.items() if k not in ("seed", "name")}
-    key = hashlib.sha256(json.dumps([graph, context, ms.__version__], sort_keys=True, default=str)
+    # the sources beside this file too: model.py maps the config onto mindformers' model, and an edit there
+    # changes the graph without changing the config or any file MindSpore parses
+    here = Path(inspect.getsourcefile(make_train_step)).resolve().parent
+    sources = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(here.glob("*.py")))).hexdigest()
+    key = hashlib.sha256(json.dumps([graph, context, ms.__version__, sources], sort_keys=True, default=str)
                          .encode()).hexdigest()[:16]
     # read by MindSpore at each compile, so setting them after the import (a forkserver's) works
     os.environ.update(MS_COMPILER_CACHE_ENABLE="1", MS_COMPILER_CACHE_PATH=str(Path(root).resolve() / key))

@@ -157,6 +157,7 @@ def test_a_no_op_is_within_noise_and_a_real_change_wins_against_the_a_a_band():
     v = {r["name"]: r.get("median_step_s verdict") for r in out["table"]}
     assert out["too_noisy"] == {"median_step_s": False}
     assert v["noop"] == "within noise" and v["faster"] == "win", v
+    assert out["band"]["median_step_s"] == pytest.approx(0.02)   # the A/A pair's largest round ratio, 1.02
     # the rule without the control, differences of medians against the widest range, calls the 20 % change noise
     assert verdict(drift, [d * 0.8 for d in drift], higher_is_better=False) == "within noise"
 
@@ -166,6 +167,7 @@ def test_an_a_a_pair_that_differs_makes_the_run_too_noisy_to_decide():
     out = compare_interleaved({"base": _baseline_callable([0.10] * 3, [0.20] * 3), "change": lambda: 0.05},
                               rounds=3, isolate=False, progress=False, aa_control=True)
     assert out["too_noisy"] == {"median_step_s": True}
+    assert out["band"]["median_step_s"] == pytest.approx(1.0)     # the copy ran at twice the baseline's time
     assert {r["name"]: r.get("median_step_s verdict") for r in out["table"]}["change"] == "undecided (too noisy)"
 
 
