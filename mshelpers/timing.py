@@ -169,6 +169,12 @@ def verdict(base: list[float], cand: list[float], higher_is_better: bool = True,
     return "win" if delta > noise else "regression" if -delta > noise else "within noise"
 
 
+def _aa_log_band(base: list[float], aa: list[float], rel_floor: float = 0.02) -> float:
+    """The A/A noise band as a log-ratio: the largest |log(aa_r / base_r)| over the rounds, at least log(1 + rel_floor)."""
+    import math
+    return max([abs(math.log(a / b)) for b, a in zip(base, aa)] + [math.log(1 + rel_floor)])
+
+
 def paired_verdict(base: list[float], cand: list[float], aa: list[float], higher_is_better: bool = True,
                    rel_floor: float = 0.02) -> str:
     """A change's verdict against an A/A control run in the same rounds (lists aligned by round).
@@ -192,7 +198,7 @@ def paired_verdict(base: list[float], cand: list[float], aa: list[float], higher
         raise ValueError("paired_verdict: every value must be > 0 (times, rates, bytes); fix: pass positive metrics")
     sign = 1 if higher_is_better else -1
     d = [sign * math.log(c / b) for b, c in zip(base, cand)]
-    band = max([abs(math.log(a / b)) for b, a in zip(base, aa)] + [math.log(1 + rel_floor)])
+    band = _aa_log_band(base, aa, rel_floor)
     med = statistics.median(d)
     if med > band and min(d) > 0:
         return "win"
@@ -298,8 +304,8 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
             b, a = by_round(baseline, m), by_round(aa_name, m)
             if b and a:
                 too_noisy[m] = verdict(b, a, metrics[m]) != "within noise"
-                if min(b + a) > 0:   # paired_verdict's band, as a relative change: the largest A/A ratio over rounds
-                    band[m] = math.exp(max([abs(math.log(y / x)) for x, y in zip(b, a)] + [math.log(1.02)])) - 1
+                if min(b + a) > 0:   # paired_verdict's band, as a relative change
+                    band[m] = math.exp(_aa_log_band(b, a)) - 1
     table = []
     for name in names:
         row: dict[str, Any] = {"name": name, "rounds": rounds}
