@@ -79,6 +79,44 @@ def test_moe_is_priced_by_its_active_experts_and_pays_for_all_to_all():
     assert moe["tokens_per_s_per_device"] > 3 * as_dense["tokens_per_s_per_device"]
 
 
+@pytest.mark.parametrize("cf, top_k, experts, slots", [(1.1, 8, 64, 8.8), (2.0, 6, 160, 12.0), (20.0, 2, 8, 8.0),
+                                                       (0.0, 2, 8, 2.0), (-1.0, 2, 8, 2.0)])
+def test_capacity_slots_are_min_of_cf_times_top_k_and_the_experts(cf, top_k, experts, slots):
+    # mindformers' calculate_expert_capacity_v2: ceil(k * tokens * cf / E), at most the tokens; <= 0 is dropless
+    m = D.MoE(routed=experts, top_k=top_k, expert_ffn=64, capacity_factor=max(0.0, cf))
+    assert m.slots() == pytest.approx(slots)
+
+
+def test_r1x_capacity_factor_pads_the_routed_experts_in_flops_all_to_all_and_the_decomposition():
+    import dataclasses
+    hw = D.hardware("atlas-900-a2-podc")
+    c = D.read_config(DATA / "r1.3.0_finetune_qwen2_57b.yaml")                  # moe_config.capacity_factor: 1.1
+    assert c.model.moe.capacity_factor == pytest.approx(1.1)
+    dropless = dataclasses.replace(c, model=dataclasses.replace(c.model, moe=dataclasses.replace(c.model.moe,
+                                                                                                capacity_factor=0.0)))
+    a, b = D.step_time(c, hw), D.step_time(dropless, hw)
+    assert a["moe_capacity_padding"] == pytest.approx(1.1) and b["moe_capacity_padding"] == 1.0
+    assert a["n_active_params"] == b["n_active_params"] and a["mfu_6n"] < b["mfu_6n"]
+    # padding is hardware work: per token, (8.8 - 8) slots x the expert's three matmuls, in every MoE layer
+    e, h = c.model.moe, c.model.hidden
+    pad = (e.slots() - e.top_k) * 3 * 2 * h * e.expert_ffn * c.model.layers       # forward FLOPs per token
+    per_token = lambda st: st["mfu_hardware"] * st["peak_flops"] / st["tokens_per_s_per_device"]
+    assert per_token(a) - per_token(b) >= 3 * pad                                   # fwd + bwd (+ recompute)
+    assert a["ep_s"] == pytest.approx(b["ep_s"] * 1.1, rel=0.01)                   # every slot is sent
+    text = D.render_text(D.diagnose(str(DATA / "r1.3.0_finetune_qwen2_57b.yaml"), "atlas-900-a2-podc", search=False))
+    assert "routed experts padded to capacity x1.10" in text
+    # a 2.x config without one is dropless
+    assert D.read_config(W / "qwen3_moe/pretrain_qwen3_30b_a3b_4k.yaml").model.moe.capacity_factor == 0.0
+
+
+@pytest.mark.parametrize("bad", ["1.1x", float("nan"), float("inf"), True, [], {}])
+def test_a_bad_capacity_factor_is_one_line_naming_it(bad):
+    d = yaml.safe_load((DATA / "r1.3.0_finetune_qwen2_57b.yaml").read_text())
+    d["moe_config"]["capacity_factor"] = bad
+    with pytest.raises(D.DoctorError, match="capacity_factor"):
+        D.read_config(d)
+
+
 def test_vpp_shrinks_the_bubble_and_context_parallel_adds_its_traffic():
     hw = D.hardware("atlas-800t-a2")
     c = D.read_config(W / "telechat3/pretrain_telechat3_36b.yaml")

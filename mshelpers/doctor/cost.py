@@ -4,6 +4,10 @@
             attention 2*s*(q + v) per token): GQA/MHA projections; MLA's low-rank projections (DeepSeek-V2/V3:
             q_a/q_b, kv_a/kv_b, o); the SwiGLU FFN; a MoE layer's router, its top_k routed experts and its
             shared experts (a token's FLOPs are those of its active experts); the LM head; MTP modules.
+  capacity  r1.x MoE with a capacity factor pads every expert to its capacity and computes, sends and stores
+            every slot: min(cf x top_k, experts) slots per token instead of top_k (MoE.slots();
+            mindformers modules/transformer/moe.py, MoEV2 and calculate_expert_capacity_v2). Hardware FLOPs,
+            not model FLOPs: MFU (6N, PaLM) is unchanged, the step and the hardware-FLOPs MFU carry it.
   params    total and active (a MoE token sees top_k routed experts) parameters; MTP modules apart, as the
             models' own cards count them (DeepSeek-V3: 671B total, 37B active, MTP excluded).
   step      compute of the bottleneck stage (3 + recompute forwards), TP/SP collectives, MoE all-to-all
@@ -12,7 +16,7 @@
             bubble (/ VPP), the exposed DP reduction (or FSDP gathers), the optimizer update.
   memory    per stage: params, grads and optimizer states (experts sharded over max(ep, tp)), activations
             (Korthikanti et al. 2022 via mshelpers.memory.activation_bytes_per_layer; a MoE layer stores its
-            top_k expert inputs and activations), 1F1B in-flight micro-batches (interleaved: Narayanan et al.
+            expert inputs and activations, one per slot), 1F1B in-flight micro-batches (interleaved: Narayanan et al.
             2021's (1 + (p - 1)/(p v)) factor), logits on the last stage.
 """
 from __future__ import annotations
@@ -93,6 +97,14 @@ def _layer_ops(m: Model, moe_layer: bool) -> tuple:
     else:
         ops.update(w1=2 * h * m.ffn, w3=2 * h * m.ffn, w2=2 * m.ffn * h)
     return tuple(ops.items())
+
+
+def capacity_padding_flops(m: Model, i: int) -> float:
+    """Forward FLOPs per token that layer i's routed experts spend on padded capacity slots (MoE.slots() - top_k
+    slots of the three expert matmuls): hardware work, not model FLOPs. 0 for dense layers and dropless MoE."""
+    if m.moe is None or not m.moe.is_moe_layer(i):
+        return 0.0
+    return (m.moe.slots() - m.moe.top_k) * 3 * 2 * m.hidden * m.moe.expert_ffn
 
 
 def head_flops(m: Model) -> float:
@@ -210,10 +222,11 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     per_stage, comp, tps, eps, cps, p2ps, hw_flops_total = [], [], [], [], [], [], 0.0
     for i in range(lay.pp):
         ops = [layer_ops(m, j) for j in ids[i]]
-        fwd = sum(sum(o.values()) for o in ops) + (head_flops(m) if i == lay.pp - 1 else 0)
+        pads = [capacity_padding_flops(m, j) for j in ids[i]]
+        fwd = sum(sum(o.values()) for o in ops) + sum(pads) + (head_flops(m) if i == lay.pp - 1 else 0)
         attn = sum(o["attention"] for o in ops) + (m.mtp * ops[-1]["attention"] if i == lay.pp - 1 and ops else 0)
         n_full = lay.full_recompute[i]
-        rec = sum(sum(o.values()) for o in ops[:n_full])
+        rec = sum(sum(o.values()) for o in ops[:n_full]) + sum(pads[:n_full])
         rec_attn = sum(o["attention"] for o in ops[:n_full])
         for pat, k in lay.select_ops[i]:
             names = pattern_ops(pat)
@@ -232,7 +245,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
         moe_layers = [j for j in ids[i] if m.moe is not None and m.moe.is_moe_layer(j)]
         if moe_layers and lay.ep > 1:
             local = tokens_micro / (lay.tp if lay.seq_parallel else 1)
-            a2a = local * m.moe.top_k * m.hidden * 2 * (lay.ep - 1) / lay.ep
+            a2a = local * m.moe.slots() * m.hidden * 2 * (lay.ep - 1) / lay.ep    # every slot is sent, filled or not
             n_a2a = 4 * len(moe_layers) + 2 * sum(1 for j in moe_layers if j - ids[i][0] < n_full)
             e = n_a2a * (a2a / (ep_bw * eff_comm) + ep_lat)
         x = 0.0
@@ -289,7 +302,8 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
             "mfu_6n": f["6n"] * tps_dev / peak, "mfu_attention": f["palm"] * tps_dev / peak,
             "mfu_hardware": hw_per_token * tps_dev / peak, "peak_flops": peak,
             "per_stage_s": per_stage, "bottleneck_stage": b, "recompute_factor": hw_per_token / f["palm"],
-            "global_batch": lay.global_batch, "micro_batches": nm}
+            "global_batch": lay.global_batch, "micro_batches": nm,
+            "moe_capacity_padding": m.moe.slots() / m.moe.top_k if m.moe is not None else 1.0}
 
 
 TERMS = (("compute_s", "compute"), ("tp_s", "TP/SP collectives"), ("ep_s", "MoE all-to-all (EP)"),
@@ -383,7 +397,8 @@ def _activation(mem: Any, m: Model, batch: int, tp: int, sp: bool, moe_layer: bo
     ffn = m.ffn
     if moe_layer:
         e = m.moe
-        ffn = e.top_k * e.expert_ffn + e.shared_ffn + e.top_k * m.hidden // 4
+        k = e.slots()                   # padded capacity slots are stored like filled ones
+        ffn = int(k * e.expert_ffn) + e.shared_ffn + int(k * m.hidden) // 4
     kv = m.heads if m.attention == "mla" else m.kv_heads
     return mem.activation_bytes_per_layer(seq, batch, m.hidden, m.heads, tp=tp,
                                           sequence_parallel=sp, recompute=mode, bytes_per_value=bpv,

@@ -41,9 +41,19 @@ class MoE:
     shared_ffn: int = 0             # total SwiGLU width of the shared experts
     first_dense: int = 0            # the first k layers are dense (DeepSeek's first_k_dense_replace)
     every: int = 1                  # one MoE layer every `every` layers after the dense ones (moe_layer_freq)
+    capacity_factor: float = 0.0    # r1.x moe_config.capacity_factor; <= 0: dropless (mcore's default, None)
 
     def is_moe_layer(self, i: int) -> bool:
         return i >= self.first_dense and (i - self.first_dense) % self.every == 0
+
+    def slots(self) -> float:
+        """Expert slots computed per token. With a capacity factor, mindformers' r1.x MoE (MoEV2) pads every
+        expert to capacity = ceil(capacity_factor * top_k * tokens / experts) slots, at most the tokens, and its
+        expert FFNs, all-to-alls and activations run on all of them, filled or not: min(cf * top_k, experts)
+        per token. Dropless: top_k."""
+        if self.capacity_factor <= 0:
+            return float(self.top_k)
+        return min(self.capacity_factor * self.top_k, float(self.routed))
 
 
 @dataclass(frozen=True)

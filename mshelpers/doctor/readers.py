@@ -43,6 +43,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "shared_ffn": ("moe_shared_expert_intermediate_size", "shared_expert_intermediate_size"),
     "first_dense": ("first_k_dense_replace",),
     "moe_every": ("moe_layer_freq",),
+    "capacity": ("capacity_factor", "moe_expert_capacity_factor"),
     "mtp": ("mtp_depth", "num_nextn_predict_layers", "mtp_num_layers"),
     "q_lora_rank": ("q_lora_rank",),
     "kv_lora_rank": ("kv_lora_rank",),
@@ -191,8 +192,13 @@ def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str
                               f"at most the number of routed experts ({experts})")
         every = mc.get("moe_layer_freq")
         every = int(every) if _is_int(every) and every > 0 else 1
+        ck, cf = _pick(mc, "capacity", where, dialect, required=False)
+        if ck is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float)) or not math.isfinite(cf)):
+            raise DoctorError(f"{where}.{ck}", cf, "a number, e.g. 1.1 (each expert computes capacity_factor x top_k x "
+                              "tokens / experts slots); 0 or less, or none, for dropless")
         moe = MoE(routed=experts, top_k=top_k, expert_ffn=expert_ffn, shared=shared, shared_ffn=shared_ffn,
-                  first_dense=min(get("first_dense", zero_ok=True) or 0, L), every=every)
+                  first_dense=min(get("first_dense", zero_ok=True) or 0, L), every=every,
+                  capacity_factor=max(0.0, float(cf)) if ck is not None else 0.0)
     kw = {}
     if mla:
         kw = dict(attention="mla", q_lora_rank=get("q_lora_rank", zero_ok=True) or 0,

@@ -120,7 +120,12 @@ def render_text(r: dict) -> str:
     L += ["", "## Step time, decomposed (seconds per optimizer step)", "", "| term | s | share |", "|---|---|---|"]
     for k, label in TERMS:
         if k == "compute_s":
-            label = f"compute (bottleneck stage {st['bottleneck_stage']}, recompute factor {st['recompute_factor']:.2f})"
+            if st.get("moe_capacity_padding", 1.0) > 1.0:   # recompute_factor = hardware / model FLOPs: both in it
+                label = (f"compute (bottleneck stage {st['bottleneck_stage']}, hardware / model FLOPs "
+                         f"{st['recompute_factor']:.2f}: recompute, and routed experts padded to capacity "
+                         f"x{st['moe_capacity_padding']:.2f})")
+            else:
+                label = f"compute (bottleneck stage {st['bottleneck_stage']}, recompute factor {st['recompute_factor']:.2f})"
         elif k == "dp_s":
             label = (f"DP gradient reduction, exposed ({st['dp_total_s']:.3f} s total, {st['dp_hidden_s']:.3f} s "
                      "hidden behind compute)")
