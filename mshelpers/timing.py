@@ -210,7 +210,7 @@ def paired_verdict(base: list[float], cand: list[float], aa: list[float], higher
 def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline: str | None = None,
                         seeds: Any = None, isolate: bool = True, metrics: dict[str, bool] | None = None,
                         timeout: float = 900, progress: bool = True, forkserver_preload: Any = None,
-                        aa_control: bool | dict = False) -> dict[str, Any]:
+                        aa_control: bool | dict = False, warmup: bool | dict = False) -> dict[str, Any]:
     """Run N candidates alternately over R rounds, rotating their order; medians, spreads and verdicts.
 
     candidates: {name: fn | (fn, args) | (fn, args, kwargs) | (fn, args, kwargs, env)}. Each call returns a
@@ -237,6 +237,11 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         least 2 %). A dict instead of True turns the
         control on and overrides those keyword arguments in the copy only (e.g. {"resume_seed": None}: the copy
         times the baseline and skips the baseline's extra check).
+    warmup: before round 1, call every candidate once, untimed (the A/A copy shares its baseline's call), the same
+        way as the rounds (isolated or not). With a compile cache in its kwargs, that first call compiles each
+        graph and every timed call then starts alike, from the cache: no round carries the compiles. A dict
+        instead of True overrides those keyword arguments in the untimed calls only (e.g. {"steps": 2}, when the
+        graph does not depend on them). Their results are returned as `warmup` {name: value}.
     """
     if not candidates:
         raise ValueError("compare_interleaved: candidates is empty; fix: pass {name: fn or (fn, args, kwargs)}")
@@ -271,6 +276,20 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
                              "is set: forked runs cannot take MS_* variables that MindSpore reads at import; fix: drop "
                              "forkserver_preload, so every candidate is spawned alike")
     metrics = metrics or {"median_step_s": False, "tokens_per_s": True, "peak_rss_mb": False}
+    warm: dict[str, Any] = {}
+    if warmup:
+        extra_kw = dict(warmup) if isinstance(warmup, dict) else {}
+        todo = [n for n in names if n != aa_name]
+        try:
+            from tqdm.std import tqdm as _bar
+            wit = _bar(todo, desc="untimed first call of each", disable=not progress, file=sys.stdout, mininterval=0.5)
+        except ImportError:
+            wit = todo
+        for name in wit:
+            fn, args, kwargs, env = specs[name]
+            kw = {**kwargs, **extra_kw}
+            warm[name] = (run_isolated(fn, *args, timeout=timeout, env=env, forkserver_preload=forkserver_preload,
+                                       **kw).value if isolate else fn(*args, **kw))
     order_all = [(r, names[(i + r) % len(names)]) for r in range(rounds) for i in range(len(names))]
     try:
         from tqdm.std import tqdm   # a text bar: renders in nbconvert and JupyterLab, no widget state to go stale
@@ -328,4 +347,4 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
                     row[f"{m} verdict"] = verdict(bvals, vals, hib)
         table.append(row)
     return {"runs": runs, "table": table, "baseline": baseline, "rounds": rounds, "aa": aa_name,
-            "too_noisy": too_noisy, "band": band}
+            "too_noisy": too_noisy, "band": band, "warmup": warm}

@@ -178,3 +178,19 @@ def test_paired_verdict_refuses_misaligned_or_non_positive_rounds():
     with pytest.raises(ValueError, match="> 0"):
         paired_verdict([1, 0], [1, 1], [1, 1])
     assert paired_verdict([10, 10], [12, 8], [10, 10], higher_is_better=False) == "within noise"   # rounds disagree
+
+
+def test_warmup_calls_each_candidate_once_untimed_before_the_rounds_with_its_overrides():
+    from mshelpers.timing import compare_interleaved
+    calls = []
+
+    def run(tag, steps=10):
+        calls.append((tag, steps))
+        return {"median_step_s": 1.0 + 0.01 * len(calls)}
+
+    out = compare_interleaved({"a": (run, ("a",)), "b": (run, ("b",))}, rounds=2, isolate=False, progress=False,
+                              aa_control=True, warmup={"steps": 2}, metrics={"median_step_s": False})
+    assert calls[:2] == [("a", 2), ("b", 2)]                        # one untimed call each, the A/A copy shares a's
+    assert sorted(calls[2:]) == [("a", 10)] * 4 + [("b", 10)] * 2   # then the rounds: a, its A/A copy, b, twice
+    assert set(out["warmup"]) == {"a", "b"} and len(out["runs"]) == 6
+    assert compare_interleaved({"a": (run, ("a",))}, rounds=2, isolate=False, progress=False)["warmup"] == {}
