@@ -424,14 +424,10 @@ def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_fl
     with _sibling("train", "compile_cache")(cfg, compile_cache, context):
         h = train(cfg, steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{seed}.csv", progress=False,
                   peak_flops=peak_flops)
-    s = h.summary()
     # steady state: the second half of the steps. MindSpore's CPU runtime runs the first steps after the
     # compile slower (steps 2-5 about 1.3x steps 6-10 of the mini preset, whatever the lr warm-up: AMD EPYC,
     # 2026-12-03), so a median over steps 2..10 lands on that edge and jumps between runs
-    steady = h.rows[max(1, len(h.rows) // 2):] or h.rows[-1:]
-    for k in ("tokens_per_s", "mfu"):
-        s[k] = statistics.median(r[k] for r in steady)
-    s["median_step_s"] = statistics.median(r["step_time_s"] for r in steady)
+    s = h.summary(skip_first=max(1, len(h.rows) // 2))
     s["csv"] = str(h.csv_path)
     if resume_seed is not None and seed == resume_seed:
         # a start that overflows for a few steps: float32 overflows near 2**127; a float16 backward overflows

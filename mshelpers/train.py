@@ -276,9 +276,12 @@ class History:
     csv_path: Path | None = None
     rollbacks: list = field(default_factory=list)   # spike-guard events: step, loss, trigger, skipped data position
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, skip_first: int = 1) -> dict[str, Any]:
+        """metrics.summarize over the rows: step time, tokens/s and MFU are medians over the steps after the first
+        `skip_first` (1: the compile step). A short timed run passes half its steps: MindSpore's CPU runtime runs
+        the first steps after a compile slower, so a median that includes them lands on that edge."""
         summarize = _sibling("metrics", "summarize")
-        s = summarize(self.rows)
+        s = summarize(self.rows, skip_first=skip_first)
         s.update(rollbacks=len(self.rollbacks), skipped_data_pos=[e["skipped_data_pos"] for e in self.rollbacks])
         s.update(run=self.cfg.name, mode=self.cfg.mode, loss_floor=self.floor,
                  gap_to_floor=(s["final_loss"] - self.floor) if self.floor is not None else None)

@@ -146,3 +146,14 @@ def test_train_step_exact_halving_and_growth_with_a_short_window(mode):
     assert finite == [False, False, False, True, True, True, False, True, True]
     assert w[:3] == [1.0, 1.0, 1.0] and w[3] == pytest.approx(0.0, abs=1e-6)   # SGD: 1 - 1e-36 * 1e36
     assert w[5] == w[6]                                                       # the 7th step was skipped
+
+
+def test_history_summary_takes_its_medians_after_skip_first_steps():
+    from mshelpers.config import RunConfig
+    from mshelpers.train import History
+    rows = [{"step": i, "step_time_s": t, "tokens_per_s": 1024 / t, "mfu": 0.1 / t, "loss": 7.0 - i,
+             "peak_mem_mb": 100.0, "overflow": False} for i, t in enumerate([9.0, 3.0, 3.0, 2.0, 1.0, 1.0], 1)]
+    h = History(cfg=RunConfig.preset("tiny"), rows=rows)
+    assert h.summary()["median_step_s"] == 2.0 and h.summary()["compile_time_s"] == 9.0   # steps 2-6
+    half = h.summary(skip_first=3)                                                         # steps 4-6
+    assert half["median_step_s"] == 1.0 and half["tokens_per_s"] == 1024 and half["steps"] == 6
