@@ -199,7 +199,8 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     Keys: compute_s, tp_s, ep_s (MoE all-to-all), cp_s (context parallel), p2p_s, bubble_s, dp_s (exposed),
     dp_total_s, dp_hidden_s, optimizer_s, step_s (their sum), tokens_per_s_per_device, n_params,
     n_active_params, mfu_6n, mfu_attention, mfu_hardware, peak_flops, per_stage_s, bottleneck_stage,
-    recompute_factor (hardware / model FLOPs), global_batch, micro_batches.
+    recompute_factor (hardware / model FLOPs: recompute and MoE capacity padding), global_batch, micro_batches,
+    moe_capacity_padding (MoE.slots() / top_k; 1.0 for dense and dropless models).
     """
     if calib is None:
         calib = _sibling_calibration()
