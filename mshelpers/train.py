@@ -59,6 +59,31 @@ def make_loss_scaler(cfg: RunConfig):
     return amp.StaticLossScaler(scale_value=float(cfg.loss_scale))
 
 
+def _per_grad_ops():
+    """(HyperMap, times, square_sum): per-gradient ops mapped over the gradient tuple, as MindSpore's own
+    loss-scale cells write them. The kernels are those of a tuple comprehension and the numbers bitwise the same
+    (checked: losses, gradient norms and loss scales of mini and tiny runs), but the graph compiler gets one
+    mapped graph instead of one unrolled call per parameter and op. Measured on an AMD EPYC (family 25 model
+    17): mini's first graph step (the compile) about 12 s with comprehensions, about 7 s mapped."""
+    import mindspore as ms
+    from mindspore import ops
+    from mindspore.ops import composite as C
+
+    times = C.MultitypeFuncGraph("times")
+
+    @times.register("Tensor", "Tensor")
+    def _times(factor, g):
+        return g * factor.astype(g.dtype)
+
+    square_sum = C.MultitypeFuncGraph("square_sum")
+
+    @square_sum.register("Tensor")
+    def _square_sum(g):
+        return ops.reduce_sum(ops.square(g.astype(ms.float32)))
+
+    return C.HyperMap(), times, square_sum
+
+
 def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callable:
     """Return step(input_ids) -> (loss, grad_norm, finite, scale), jitted when cfg.mode == "graph".
 
@@ -93,12 +118,14 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
         loss, grads = grad_fn(input_ids)
         return scaler.unscale(loss), scaler.unscale(grads)
 
+    grad_map, times, square_sum = _per_grad_ops()
+
     def apply_grads(grads):
         finite = amp.all_finite(grads)
-        grad_norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g.astype(ms.float32))) for g in grads]))
+        grad_norm = ops.sqrt(ops.addn(grad_map(square_sum, grads)))
         if clip > 0:
             factor = ops.minimum(clip / (grad_norm + 1e-6), 1.0)   # reuse the norm instead of recomputing it
-            grads = tuple(g * factor.astype(g.dtype) for g in grads)
+            grads = grad_map(ops.partial(times, factor), grads)
         if finite:
             optimizer(grads)
         if dynamic:
@@ -151,6 +178,8 @@ def _fused_step_cell(net, optimizer, scaler, clip: float, dynamic: bool):
     import mindspore as ms
     from mindspore import amp, nn, ops
 
+    grad_map, times, square_sum = _per_grad_ops()
+
     class Scaled(nn.Cell):
         def __init__(self, net, scale_value):
             super().__init__(auto_prefix=False)
@@ -169,17 +198,18 @@ def _fused_step_cell(net, optimizer, scaler, clip: float, dynamic: bool):
             self.scale_factor = float(scaler.scale_factor) if dynamic else 2.0
             self.scale_window = int(scaler.scale_window) if dynamic else 1
             self.grad_fn = ms.value_and_grad(Scaled(net, scaler.scale_value), None, optimizer.parameters)
+            self.map = grad_map
 
         def construct(self, input_ids):
             loss, grads = self.grad_fn(input_ids)
             inv = ops.reciprocal(self.scale_value)
             loss = loss * inv.astype(loss.dtype)
-            grads = tuple(g * inv.astype(g.dtype) for g in grads)
+            grads = self.map(ops.partial(times, inv), grads)
             finite = amp.all_finite(grads)
-            grad_norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g.astype(ms.float32))) for g in grads]))
+            grad_norm = ops.sqrt(ops.addn(self.map(square_sum, grads)))
             if self.clip > 0:
                 factor = ops.minimum(self.clip / (grad_norm + 1e-6), 1.0)
-                grads = tuple(g * factor.astype(g.dtype) for g in grads)
+                grads = self.map(ops.partial(times, factor), grads)
             if finite:
                 self.optimizer(grads)
             if self.dynamic:   # DynamicLossScaler.adjust (MindSpore 2.9), on this Cell's Parameters
