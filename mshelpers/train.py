@@ -119,6 +119,7 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
         return scaler.unscale(loss), scaler.unscale(grads)
 
     grad_map, times, square_sum = _per_grad_ops()
+    from mindspore.ops import composite as C
 
     def apply_grads(grads):
         finite = amp.all_finite(grads)
@@ -137,8 +138,14 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
         grad_norm, finite = apply_grads(grads)
         return loss, grad_norm, finite
 
+    add_share = C.MultitypeFuncGraph("add_share")
+
+    @add_share.register("Tensor", "Tensor")
+    def _add_share(a, g):
+        return a + g / k
+
     def accumulate(acc, grads):
-        return tuple(a + g / k for a, g in zip(acc, grads))
+        return grad_map(add_share, acc, grads)
 
     jit = ms.jit if cfg.mode == "graph" else (lambda f: f)
     if k == 1:
