@@ -2,7 +2,7 @@
 clip written as tuple comprehensions (one call per parameter and op, how `train._fused_step_cell` was written
 before) against `train.make_train_step` as it is (HyperMap over a MultitypeFuncGraph).
 
-    python bench/bench_grad_map.py [--rounds 3] [--preset mini]
+    python -m bench.bench_grad_map [--rounds 3] [--preset mini]
 
 Each run is a fresh process (a graph compiles once per process), the two alternate in rotated order, and every
 run trains 4 steps of the preset in graph mode from seed 0. Prints the first step (the compile) and the steady
@@ -93,6 +93,7 @@ def main() -> int:
     a = ap.parse_args()
     from mshelpers.metrics import cpu_info
     from mshelpers.timing import run_isolated
+    from bench.bench_grad_map import one_run      # by its module name: run_isolated pickles it for the child
     kinds = ["comprehension", "HyperMap"]
     runs = {k: [] for k in kinds}
     for r in range(a.rounds):
