@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def comprehension_step(net, optimizer, clip: float):
-    """The k = 1 graph step with the per-gradient ops unrolled (no loss scale: the mini preset's is 1)."""
+    """The k = 1 graph step with the per-gradient ops unrolled, as `train._fused_step_cell` was before HyperMap
+    (a frozen copy on purpose: it is the baseline; no dynamic scale, as in the mini preset)."""
     import mindspore as ms
     from mindspore import amp, nn, ops
 
@@ -59,7 +60,6 @@ def comprehension_step(net, optimizer, clip: float):
 
 
 def one_run(kind: str, preset: str) -> dict:
-    import numpy as np
     from mshelpers.config import RunConfig
     from mshelpers.data import numpy_batches
     from mshelpers.device import setup
