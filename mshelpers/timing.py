@@ -276,42 +276,39 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
                              "is set: forked runs cannot take MS_* variables that MindSpore reads at import; fix: drop "
                              "forkserver_preload, so every candidate is spawned alike")
     metrics = metrics or {"median_step_s": False, "tokens_per_s": True, "peak_rss_mb": False}
+
+    def bar(items: list, desc: str) -> Any:
+        try:
+            from tqdm.std import tqdm   # a text bar: renders in nbconvert and JupyterLab, no widget state to go stale
+            return tqdm(items, desc=desc, disable=not progress, file=sys.stdout, mininterval=0.5)
+        except ImportError:
+            return items
+
+    def call(name: str, kw: dict) -> tuple[Any, dict]:
+        """One run of candidate `name`, isolated or here: its value and what the harness measured around it."""
+        fn, args, _, env = specs[name]
+        if isolate:
+            res = run_isolated(fn, *args, timeout=timeout, env=env, forkserver_preload=forkserver_preload, **kw)
+            return res.value, {"peak_rss_mb": res.peak_rss_mb, "wall_s": res.wall_s}
+        t0 = time.perf_counter()
+        value = fn(*args, **kw)
+        return value, {"wall_s": time.perf_counter() - t0}
+
     warm: dict[str, Any] = {}
     if warmup:
         extra_kw = dict(warmup) if isinstance(warmup, dict) else {}
-        todo = [n for n in names if n != aa_name]
-        try:
-            from tqdm.std import tqdm as _bar
-            wit = _bar(todo, desc="untimed first call of each", disable=not progress, file=sys.stdout, mininterval=0.5)
-        except ImportError:
-            wit = todo
-        for name in wit:
-            fn, args, kwargs, env = specs[name]
-            kw = {**kwargs, **extra_kw}
-            warm[name] = (run_isolated(fn, *args, timeout=timeout, env=env, forkserver_preload=forkserver_preload,
-                                       **kw).value if isolate else fn(*args, **kw))
-    order_all = [(r, names[(i + r) % len(names)]) for r in range(rounds) for i in range(len(names))]
-    try:
-        from tqdm.std import tqdm   # a text bar: renders in nbconvert and JupyterLab, no widget state to go stale
-        it = tqdm(order_all, desc="interleaved runs", disable=not progress, file=sys.stdout, mininterval=0.5)
-    except ImportError:
-        it = order_all
+        for name in bar([n for n in names if n != aa_name], "untimed first call of each"):
+            warm[name] = call(name, {**specs[name][2], **extra_kw})[0]
     runs = []
-    for r, name in it:
-        fn, args, kwargs, env = specs[name]
-        kw = dict(kwargs, seed=seeds[r]) if seeds is not None else kwargs
-        if isolate:
-            res = run_isolated(fn, *args, timeout=timeout, env=env, forkserver_preload=forkserver_preload,
-                               **kw)
-            value, extra = res.value, {"peak_rss_mb": res.peak_rss_mb, "wall_s": res.wall_s}
-        else:
-            t0 = time.perf_counter()
-            value = fn(*args, **kw)
-            extra = {"wall_s": time.perf_counter() - t0}
+    for r, name in bar([(r, names[(i + r) % len(names)]) for r in range(rounds) for i in range(len(names))],
+                       "interleaved runs"):
+        kwargs = specs[name][2]
+        value, extra = call(name, dict(kwargs, seed=seeds[r]) if seeds is not None else kwargs)
         row = dict(value) if isinstance(value, dict) else {"median_step_s": float(value)}
         row.update({k: v for k, v in extra.items() if k not in row})
         row.update(name=name, round=r, seed=None if seeds is None else seeds[r])
         runs.append(row)
+
     def by_round(name: str, m: str) -> list[float] | None:
         got = {x["round"]: float(x[m]) for x in runs if x["name"] == name and x.get(m) is not None}
         return [got[r] for r in range(rounds)] if len(got) == rounds else None

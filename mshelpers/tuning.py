@@ -230,7 +230,7 @@ def _describe(config: dict) -> str:
 
 def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Sequence[float]],
              repeats: int = 3, *, save_to: str | os.PathLike | None = None, baseline: dict | None = None,
-             progress: bool = True) -> TuneResult:
+             progress: bool = True, aa_control: bool = False) -> TuneResult:
     """Time every candidate `repeats` times and keep the fastest (lowest median).
 
     `measure_fn(config)` returns seconds (lower is better), e.g. one step's time. Calls go
@@ -238,6 +238,9 @@ def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Se
     If `measure_fn` returns a list, those are that candidate's samples (use this when one call
     measures all repeats, e.g. a fresh process per candidate) and it is not called again.
     The results table and the best config are saved as JSON to `save_to` when given.
+    aa_control: also time `baseline` a second time in every repeat, after the others (its A/A copy). Those
+    samples go into the baseline's row as `aa_samples_s`, aligned by repeat with `samples_s`: the noise a
+    verdict must clear (`report.claim_timing(..., control=...)`). The copy is never a candidate for best.
     """
     if isinstance(candidates, dict) or not isinstance(candidates, (list, tuple)) or not candidates:
         raise ValueError(f"autotune: candidates={candidates!r} is invalid; fix: pass a non-empty list of "
@@ -252,15 +255,20 @@ def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Se
         raise ValueError(f"autotune: repeats={repeats!r} is invalid; fix: pass an integer >= 1 (3 is typical)")
     if baseline is not None and baseline not in candidates:
         raise ValueError(f"autotune: baseline={baseline!r} is not among the candidates; fix: include it")
+    if aa_control and (baseline is None or repeats < 2):
+        raise ValueError(f"autotune: aa_control=True needs a baseline and repeats >= 2 (got baseline={baseline!r}, "
+                         f"repeats={repeats}); fix: name the baseline config and time at least 2 repeats")
 
     import sys
     from tqdm.std import tqdm   # a text bar: renders in nbconvert and JupyterLab, no widget state to go stale
-    samples: list[list[float]] = [[] for _ in candidates]
-    done = [False] * len(candidates)
-    bar = tqdm(total=len(candidates) * repeats, desc="autotune", disable=not progress, file=sys.stdout,
+    # the A/A copy is one more slot, timing the baseline's config: the same measure_fn, the same build
+    slots = list(candidates) + ([baseline] if aa_control else [])
+    samples: list[list[float]] = [[] for _ in slots]
+    done = [False] * len(slots)
+    bar = tqdm(total=len(slots) * repeats, desc="autotune", disable=not progress, file=sys.stdout,
                mininterval=0.5)
     for _ in range(repeats):
-        for i, cfg in enumerate(candidates):
+        for i, cfg in enumerate(slots):
             if done[i]:
                 continue
             value = measure_fn(dict(cfg))
@@ -274,17 +282,20 @@ def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Se
             bar.set_postfix(last=_describe(cfg))
     bar.close()
 
-    rows = []
-    for cfg, s in zip(candidates, samples):
+    for cfg, s in zip(slots, samples):
         if not s or any(not math.isfinite(v) for v in s):
             raise ValueError(f"autotune: measure_fn returned {s!r} for {cfg}; fix: return finite seconds")
+    rows = []
+    for cfg, s in zip(candidates, samples):
         rows.append({"config": dict(cfg), "label": _describe(cfg), "median_s": statistics.median(s),
                      "min_s": min(s), "max_s": max(s), "samples_s": s})
+        if aa_control and cfg == baseline:
+            rows[-1]["aa_samples_s"] = samples[-1]
     rows.sort(key=lambda r: r["median_s"])
     for r in rows:
         r["vs_best"] = r["median_s"] / rows[0]["median_s"]
     result = TuneResult(best=dict(rows[0]["config"]), rows=rows, baseline=baseline,
-                        meta={"repeats": repeats, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                        meta={"repeats": repeats, "aa_control": bool(aa_control), "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
     if save_to is not None:
         path = Path(save_to)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,9 @@
   - a `holds` that is a constant (`claim(text, True)`),
   - a `holds` that repeats the test of an enclosing `if` (`if k1 == k0: claim(..., k1 == k0)`),
   - a claim whose numbers (its keyword arguments) are all constants: nothing measured enters it;
-  - a `claim_timing` without `expect` (the verdict expected beforehand, or "undecided").
+  - a `claim_timing` without `expect` (the verdict expected beforehand, or "undecided"),
+  - a `claim_timing` without `control`: every timing comparison carries its A/A copy (the baseline timed a
+    second time in the same rounds), whose distance from the baseline is the noise a verdict must clear.
 A claim must depend on a number of its run compared with an expectation stated beforehand.
 """
 import ast
@@ -25,6 +27,8 @@ def claim_problems(source: str) -> list[str]:
         name = getattr(node.func, "id", getattr(node.func, "attr", None)) if isinstance(node, ast.Call) else None
         if name == "claim_timing" and not any(k.arg == "expect" for k in node.keywords):
             out.append(f"claim_timing without the verdict expected beforehand: {ast.unparse(node)[:100]}")
+        if name == "claim_timing" and not any(k.arg == "control" for k in node.keywords):
+            out.append(f"claim_timing without an A/A control: {ast.unparse(node)[:100]}")
         if name != "claim":
             continue
         holds = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "holds"), None)
@@ -58,7 +62,9 @@ def test_the_claim_check_fails_on_each_loophole():
     assert claim_problems('if k1 == k0:\n    claim("same kernels", k1 == k0, k=k1)')
     assert claim_problems('claim("the sum is {s}", s == 1, s=1)')
     assert claim_problems('claim("ok", holds=True, n=n)')
+    assert claim_problems('claim_timing("a", a, "b", b, expect="win")')                    # no A/A control
+    assert not claim_problems('claim_timing("a", a, "b", b, expect="win", control=aa)')
     assert claim_problems('claim_timing("a", a, "b", b)')
-    assert not claim_problems('claim_timing("a", a, "b", b, expect="undecided")')
+    assert not claim_problems('claim_timing("a", a, "b", b, expect="undecided", control=aa)')
     assert not claim_problems('claim("fits in {b}", used <= b, b=b)')
     assert not claim_problems('if lvl == "O3":\n    claim("overflowed", ov >= n, ov=ov, n=n)')

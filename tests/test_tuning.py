@@ -123,6 +123,27 @@ def test_autotune_accepts_all_repeats_from_one_call():
     assert calls == [2.0, 1.0] and res.best == {"t": 1.0}
 
 
+def test_autotune_aa_control_times_the_baseline_twice_per_repeat_and_never_picks_the_copy(tmp_path):
+    calls = []
+    seq = {1: iter([0.30, 0.32, 0.31, 0.29, 0.33, 0.30]), 2: iter([0.20, 0.21, 0.22])}
+
+    def measure(cfg):
+        calls.append(cfg["k"])
+        return next(seq[cfg["k"]])
+
+    res = T.autotune([{"k": 1}, {"k": 2}], measure, repeats=3, baseline={"k": 1}, aa_control=True,
+                     progress=False, save_to=tmp_path / "t.json")
+    assert calls == [1, 2, 1] * 3                                   # the copy runs in every repeat, after the others
+    base = next(r for r in res.rows if r["config"] == {"k": 1})
+    assert base["samples_s"] == [0.30, 0.31, 0.33] and base["aa_samples_s"] == [0.32, 0.29, 0.30]
+    assert len(res.rows) == 2 and res.best == {"k": 2} and "aa_samples_s" not in res.rows[0]
+    assert json.loads((tmp_path / "t.json").read_text())["aa_control"] is True
+    with pytest.raises(ValueError, match="aa_control=True needs a baseline"):
+        T.autotune([{"k": 1}, {"k": 2}], measure, repeats=3, aa_control=True, progress=False)
+    with pytest.raises(ValueError, match="repeats >= 2"):
+        T.autotune([{"k": 1}, {"k": 2}], measure, repeats=1, baseline={"k": 1}, aa_control=True, progress=False)
+
+
 @pytest.mark.parametrize("cands, repeats, match", [
     ([], 3, "candidates"),
     ({"a": 1}, 3, "candidates"),
