@@ -56,7 +56,9 @@ unit: $(STAMP)
 NB_SOLO := notebooks/00_environment.ipynb notebooks/04_data_parallel.ipynb notebooks/05_semi_auto_parallel.ipynb notebooks/08_profiling.ipynb \
            notebooks/12_your_config.ipynb
 # Longest first (seconds two at a time, 2026-12-01: 09 432, 03 329, 02 196, 06 169, 07 162, the rest under 75),
-# in this order: a free worker takes the next file, so the longest must not start last. xdist would sort
+# in this order: a free worker takes the next file, so the longest must not start last. NBVAL_PIN_CORES=1 keeps each
+# worker, and every kernel and process it starts, to one core of its own (conftest.py): unpinned, the two kernels'
+# thread pools trade both cores back and forth (tests/README.md, stop 44, for the figures). xdist would sort
 # the files by cell count instead (09 has 11 cells), hence --no-loadscope-reorder.
 NB_LONGEST := notebooks/09_evaluation_report.ipynb notebooks/03_mixed_precision.ipynb notebooks/02_graph_mode.ipynb \
               notebooks/06_recompute_memory.ipynb notebooks/07_mindir_aoe.ipynb
@@ -64,7 +66,7 @@ NB_PAIRED := $(NB_LONGEST) $(filter-out $(NB_SOLO) $(NB_LONGEST),$(NOTEBOOKS))
 NBVAL := $(BIN)/pytest -q -p no:cacheprovider --nbval-lax --nbval-cell-timeout=900 --nbval-sanitize-with tests/nbval_sanitize.cfg
 nbval: $(STAMP)
 	$(NBVAL) --durations=5 $(NB_SOLO)
-	$(NBVAL) --durations=10 -n 2 --dist loadfile --no-loadscope-reorder $(NB_PAIRED)
+	NBVAL_PIN_CORES=1 $(NBVAL) --durations=10 -n 2 --dist loadfile --no-loadscope-reorder $(NB_PAIRED)
 
 # The browser suite: JupyterLab and MindInsight driven in headless Chromium; screenshots go to build/e2e/.
 # `timeout -s INT` is a last resort against a hang: SIGINT still lets pytest stop every server it started.

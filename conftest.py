@@ -27,3 +27,31 @@ def pytest_collection_modifyitems(config, items):
             continue
         if item.name in DOCTEST_SKIP:
             item.add_marker(pytest.mark.skip(reason=DOCTEST_SKIP[item.name]))
+
+
+# `make nbval` runs its paired notebooks on two xdist workers with NBVAL_PIN_CORES=1: each worker (and the kernels
+# and processes it starts, which inherit it) keeps to one core of its own. Unpinned, the two kernels' thread pools
+# share both cores and trade them back and forth; pinned, a mini graph step ran 0.375 s on each of two cores at
+# once against 0.40-0.54 s unpinned (AMD EPYC Zen 4, 2 cores, 2026-12-04), and a notebook's rounds no longer
+# see its neighbour's phases. A pinned process sees one thread, so the peak cache needs its one-thread entry:
+# the controller measures it first, pinned, on the idle machine (metrics.peak_flops keys entries by threads).
+def _pin_cores() -> bool:
+    import os
+    return os.environ.get("NBVAL_PIN_CORES") == "1" and hasattr(os, "sched_setaffinity")
+
+
+def pytest_configure(config):
+    import os
+    if not _pin_cores():
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")       # "gw0", "gw1", ... in a worker; None in the controller
+    if worker is not None:
+        os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
+    elif len(cores) > 1:
+        os.sched_setaffinity(0, {cores[0]})
+        try:
+            from mshelpers.metrics import peak_flops
+            peak_flops()
+        finally:
+            os.sched_setaffinity(0, set(cores))
