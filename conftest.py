@@ -45,7 +45,9 @@ def pytest_configure(config):
     if not _pin_cores():
         return
     cores = sorted(os.sched_getaffinity(0))
-    worker = os.environ.get("PYTEST_XDIST_WORKER")       # "gw0", "gw1", ... in a worker; None in the controller
+    # xdist gives a worker its id in config.workerinput; not the PYTEST_XDIST_WORKER variable, which a pytest run
+    # started from inside a worker (tests/test_pin_cores.py under `make unit`) inherits while it is a controller
+    worker = getattr(config, "workerinput", {}).get("workerid")      # "gw0", "gw1", ...; None in the controller
     if worker is not None:
         os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
     elif len(cores) > 1:

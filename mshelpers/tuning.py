@@ -234,11 +234,13 @@ def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Se
     """Time every candidate `repeats` times and keep the fastest (lowest median).
 
     `measure_fn(config)` returns seconds (lower is better), e.g. one step's time. Calls go
-    round-robin (A B C A B C ...) so slow drift on a shared machine hits every candidate alike.
+    round-robin in rotated order (A B C, B C A, C A B, ...) so slow drift on a shared machine hits every
+    candidate alike and none always runs first or last.
     If `measure_fn` returns a list, those are that candidate's samples (use this when one call
     measures all repeats, e.g. a fresh process per candidate) and it is not called again.
     The results table and the best config are saved as JSON to `save_to` when given.
-    aa_control: also time `baseline` a second time in every repeat, after the others (its A/A copy). Those
+    aa_control: also time `baseline` a second time in every repeat, as one more slot of the rotation (its A/A
+    copy, so it is not tied to the last place). Those
     samples go into the baseline's row as `aa_samples_s`, aligned by repeat with `samples_s`: the noise a
     verdict must clear (`report.claim_timing(..., control=...)`). The copy is never a candidate for best.
     """
@@ -267,10 +269,11 @@ def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Se
     done = [False] * len(slots)
     bar = tqdm(total=len(slots) * repeats, desc="autotune", disable=not progress, file=sys.stdout,
                mininterval=0.5)
-    for _ in range(repeats):
-        for i, cfg in enumerate(slots):
+    for r in range(repeats):
+        for i in [*range(len(slots))][r % len(slots):] + [*range(len(slots))][:r % len(slots)]:
             if done[i]:
                 continue
+            cfg = slots[i]
             value = measure_fn(dict(cfg))
             if isinstance(value, (list, tuple)):
                 samples[i] = [float(v) for v in value]

@@ -102,7 +102,7 @@ def test_autotune_picks_lowest_median_round_robin_and_saves(tmp_path):
     cands = [{"grad_accum": 1}, {"grad_accum": 2}, {"grad_accum": 4}]
     res = T.autotune(cands, measure, repeats=3, save_to=tmp_path / "t.json", baseline={"grad_accum": 1},
                      progress=False)
-    assert calls == [1, 2, 4] * 3                                   # interleaved, not blocked
+    assert calls == [1, 2, 4, 2, 4, 1, 4, 1, 2]                     # interleaved in rotated order, not blocked
     assert res.best == {"grad_accum": 2}                             # median 0.21 < 0.25 < 0.31
     assert [r["config"]["grad_accum"] for r in res.rows] == [2, 4, 1]
     assert res.rows[0]["median_s"] == pytest.approx(0.21)
@@ -133,9 +133,10 @@ def test_autotune_aa_control_times_the_baseline_twice_per_repeat_and_never_picks
 
     res = T.autotune([{"k": 1}, {"k": 2}], measure, repeats=3, baseline={"k": 1}, aa_control=True,
                      progress=False, save_to=tmp_path / "t.json")
-    assert calls == [1, 2, 1] * 3                                   # the copy runs in every repeat, after the others
+    # slots (k1, k2, k1's copy) in rotated order: 0 1 2, then 1 2 0, then 2 0 1; the copy is first in the last repeat
+    assert calls == [1, 2, 1, 2, 1, 1, 1, 1, 2]
     base = next(r for r in res.rows if r["config"] == {"k": 1})
-    assert base["samples_s"] == [0.30, 0.31, 0.33] and base["aa_samples_s"] == [0.32, 0.29, 0.30]
+    assert base["samples_s"] == [0.30, 0.29, 0.30] and base["aa_samples_s"] == [0.32, 0.31, 0.33]
     assert len(res.rows) == 2 and res.best == {"k": 2} and "aa_samples_s" not in res.rows[0]
     assert json.loads((tmp_path / "t.json").read_text())["aa_control"] is True
     with pytest.raises(ValueError, match="aa_control=True needs a baseline"):
