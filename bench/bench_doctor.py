@@ -26,11 +26,33 @@ MODEL_FOR = {"general/llm_pretrain_dense_template.yaml": "Qwen3-32B", "general/l
              "deepseek3/finetune_deepseek3_12b_16p_pp16.yaml": "DeepSeek-V3"}
 
 
+def print_families(rows: list[dict]) -> None:
+    """The README's by-family table, twice: every checked figure, then only those whose YAML comes from r1.2.0
+    or later (`doctor.release_of`), with the older figures' signed errors."""
+    for title, since in (("every checked figure", ()), ("figures from r1.2.0 on", (1, 2))):
+        fams = D.family_summary(rows, since)
+        off = D.off_families(rows, since)
+        print(f"\n## {title}: {sum(f['n'] for f in fams)} figures, {len(off)} families off target")
+        print("| family | MoE | checked | median abs error | largest | mean |\n|---|---|---|---|---|---|")
+        for f in fams:
+            print(f"| {f['family']} | {'yes' if f['moe'] else ''} | {f['n']} | {f['median_abs_error']:.1%} "
+                  f"| {f['max_abs_error']:.1%} | {f['mean_error']:+.1%} |")
+        print("off target:", ", ".join(sorted(f"{n}{' (MoE)' if moe else ''}" for n, moe in off)) or "none")
+    old = sorted((r for r in rows if r["role"] == "check" and () < D.release_of(r) < (1, 2)), key=lambda r: r["error"])
+    print(f"\nbefore r1.2.0: {len(old)} figures, signed errors "
+          + ", ".join(f"{r['family']} {r['error']:+.0%}" for r in old))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--scatter", default=None, help="also write predicted against published as a PNG here")
+    ap.add_argument("--families", action="store_true",
+                    help="print the by-family error table, on every checked figure and from r1.2.0 on, and stop")
     a = ap.parse_args()
+    if a.families:
+        print_families(D.calibration_table())
+        return 0
     if a.scatter:
         D.published_scatter(D.calibration_table(), a.scatter)
         print(f"wrote {a.scatter}")

@@ -137,7 +137,7 @@ CALLS: dict[str, str] = {
         assert m.load_yaml({"a": 1}) == {"a": 1} and isinstance(m.Layout(), m.Layout) and m.TERMS
         assert m.with_layout(c, batch_size=2).batch == 2 and m.fixture_dir()
         assert m.family_summary([{"role": "check", "family": "x", "error": 0.1, "fits": True}])[0]["n"] == 1
-        assert m.ranking_groups([]) == []
+        assert m.ranking_groups([]) == [] and m.release_of({"config": "r1.3.0_x.yaml"}) == (1, 3, 0)
         assert m.off_families([{"role": "check", "family": "x", "moe": True, "error": 0.6, "fits": True}]) == {("x", True)}
         assert m.changed_keys({"a": {"b": 1}}, {"a": {"b": 2}}) == {"a.b": (1, 2)}
         assert m.calibration_summary([{"role": "check", "error": 0.1, "fits": True}])["median_abs_error"] == 0.1
