@@ -107,7 +107,7 @@ PEAK_SHAPES: tuple[tuple[int, int, int], ...] = ((1024, 256, 256), (1024, 256, 6
 def cpu_info() -> dict[str, Any]:
     """What this machine says about itself: CPU model, family, usable threads, vector flags."""
     info: dict[str, Any] = {"cpu_model": platform_processor(), "cpu_family": None, "threads": _threads(),
-                            "flags": set(), "mhz": None}
+                            "flags": set(), "mhz": None, "vendor": None}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -115,6 +115,8 @@ def cpu_info() -> dict[str, Any]:
                 key, val = key.strip(), val.strip()
                 if key == "model name" and "cpu_model_seen" not in info:
                     info["cpu_model"], info["cpu_model_seen"] = val, True
+                elif key == "vendor_id" and info["vendor"] is None:
+                    info["vendor"] = val
                 elif key == "cpu family" and info["cpu_family"] is None:
                     info["cpu_family"] = val
                 elif key == "cpu MHz" and info["mhz"] is None:
@@ -139,16 +141,29 @@ def _threads() -> int:
         return os.cpu_count() or 1
 
 
+def fp32_fma_lanes(info: dict[str, Any]) -> tuple[int, str]:
+    """fp32 lanes one FMA unit of this CPU computes per cycle, and the name of its vector ISA: 16 with AVX-512, 8
+    with AVX2+FMA, 4 with SSE. AMD Zen 4 (vendor AuthenticAMD, family 25, with AVX-512) runs AVX-512 on 256-bit
+    units, two cycles per 512-bit FMA (AMD's Zen 4 software optimisation guide, 57647), so 8 there."""
+    flags = info.get("flags") or set()
+    if "avx512f" in flags:
+        if info.get("vendor") == "AuthenticAMD" and str(info.get("cpu_family")) == "25":
+            return 8, "AVX-512 on 256-bit units (Zen 4)"
+        return 16, "AVX-512"
+    return (8, "AVX2+FMA") if "fma" in flags else (4, "SSE")
+
+
 def theoretical_peak_flops(verbose: bool = True, fma_units: int = 2) -> float:
     """cores x clock x FLOP/cycle for float32, from what the CPU reports; prints its assumptions.
 
-    FLOP/cycle = vector lanes (16 with AVX-512, 8 with AVX2, 4 with SSE) x 2 (an FMA is a multiply and
-    an add) x `fma_units` (2 on server Xeons and on Zen 4/5; some client parts have 1). The clock is the
-    nominal one /proc/cpuinfo shows: turbo can beat it, thermal limits and AVX-512 down-clocking fall short.
+    FLOP/cycle = fp32 lanes per FMA unit (`fp32_fma_lanes`: 16 with AVX-512, 8 with AVX2 and on Zen 4's 256-bit
+    units, 4 with SSE) x 2 (an FMA is a multiply and an add) x `fma_units` (2 on server Xeons and on Zen 4/5;
+    some client parts have 1). The clock is the nominal one /proc/cpuinfo shows: turbo can beat it, thermal
+    limits and AVX-512 down-clocking fall short (`hardware_peak_flops` uses the maximum clock instead).
     """
     info = cpu_info()
-    flags, mhz = info["flags"], info["mhz"]
-    lanes, isa = (16, "AVX-512") if "avx512f" in flags else (8, "AVX2+FMA") if "fma" in flags else (4, "SSE")
+    mhz = info["mhz"]
+    lanes, isa = fp32_fma_lanes(info)
     if not mhz:
         raise ValueError("theoretical_peak_flops: no clock in /proc/cpuinfo; fix: use peak_flops() (measured) "
                          "or a DATASHEET_PEAK_FLOPS entry")
@@ -162,15 +177,87 @@ def theoretical_peak_flops(verbose: bool = True, fma_units: int = 2) -> float:
     return value
 
 
+# A chain of dependent register adds: each waits for the one before, and an integer add takes one cycle on every
+# x86-64 and AArch64 core, so adds per second is the clock the core runs at. Ten per loop iteration hide the loop's
+# own counter, which runs alongside. Best of 5 rounds: a round that lost the core to another process reads low.
+_CLOCK_PROBE_C = r"""
+#include <stdio.h>
+#include <stdint.h>
+#include <time.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+#if defined(__x86_64__)
+#define ADD "add %0, %0\n\t"
+#elif defined(__aarch64__)
+#define ADD "add %0, %0, %0\n\t"
+#else
+#error "no dependent-add chain written for this architecture"
+#endif
+int main(void) {
+    const long n = 30000000L;
+    uint64_t x = 1;
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        double t0 = now();
+        for (long i = 0; i < n; i++)
+            __asm__ volatile(ADD ADD ADD ADD ADD ADD ADD ADD ADD ADD : "+r"(x));
+        double hz = 10.0 * n / (now() - t0);
+        if (hz > best) best = hz;
+    }
+    printf("%.1f\n", best / 1e6 + (double)(x & 0));
+    return 0;
+}
+"""
+_CLOCK_PROBE: dict[str, tuple[float | None, str]] = {}
+
+
+def measured_clock_mhz() -> tuple[float | None, str]:
+    """The core clock, measured: `_CLOCK_PROBE_C` built with the system C compiler ($CC, else cc or gcc) into a
+    temporary folder and run once per process (about 0.5 s). For a VM that hides its clock (no cpufreq, only
+    the nominal 'cpu MHz'), this is the turbo clock the MatMuls actually ran at. (None, why) when there is no
+    compiler, no chain for this architecture, the probe fails, or it reads outside 100 MHz - 10 GHz."""
+    if "result" in _CLOCK_PROBE:
+        return _CLOCK_PROBE["result"]
+    import shutil
+    import subprocess
+    import tempfile
+    cc = next((c for c in (os.environ.get("CC"), "cc", "gcc") if c and shutil.which(c)), None)
+    result: tuple[float | None, str]
+    if cc is None:
+        result = (None, "no C compiler (cc, gcc or $CC) to build the clock probe")
+    else:
+        try:
+            with tempfile.TemporaryDirectory(prefix="mshelpers-clock-") as d:
+                exe = os.path.join(d, "clock")       # the source goes in on stdin: nothing else is written
+                subprocess.run([cc, "-O1", "-x", "c", "-", "-o", exe], input=_CLOCK_PROBE_C, text=True, check=True,
+                               capture_output=True, timeout=120)
+                out = subprocess.run([exe], check=True, capture_output=True, text=True, timeout=120).stdout
+            mhz = float(out.strip().splitlines()[-1])
+            result = ((mhz, "measured: a dependent-add chain, best of 5") if 100 <= mhz <= 10_000 else
+                      (None, f"the clock probe read {mhz:.0f} MHz, outside 100 MHz - 10 GHz"))
+        except (OSError, ValueError, IndexError, subprocess.SubprocessError) as e:
+            result = (None, f"the clock probe failed ({type(e).__name__})")
+    _CLOCK_PROBE["result"] = result
+    return result
+
+
 def max_clock_mhz() -> tuple[float | None, str]:
-    """The highest clock this CPU reports, and where it was read: cpufreq's cpuinfo_max_freq when the
-    kernel exposes it, else the largest 'cpu MHz' in /proc/cpuinfo (a VM shows its nominal clock there)."""
+    """The highest clock this CPU runs at, and where it was read: cpufreq's cpuinfo_max_freq when the
+    kernel exposes it; else the higher of the measured clock (`measured_clock_mhz`) and the largest 'cpu MHz'
+    in /proc/cpuinfo (a VM shows its nominal clock there, below the turbo its cores run at)."""
     try:
         khz = float(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text())
         if khz > 0:
             return khz / 1e3, "cpufreq cpuinfo_max_freq"
     except (OSError, ValueError):
         pass
+    measured, _ = measured_clock_mhz()
+    listed = _cpuinfo_max_mhz()
+    if measured and (listed is None or measured > listed):
+        return measured, "measured: a dependent-add chain, best of 5"
+    return listed, "/proc/cpuinfo cpu MHz"
+
+
+def _cpuinfo_max_mhz() -> float | None:
     best = None
     try:
         with open("/proc/cpuinfo") as f:
@@ -180,14 +267,14 @@ def max_clock_mhz() -> tuple[float | None, str]:
                     best = v if best is None else max(best, v)
     except (OSError, ValueError):
         pass
-    return best, "/proc/cpuinfo cpu MHz"
+    return best
 
 
 def hardware_peak_flops(dtype: str = "float32", *, device: str | None = None, verbose: bool = False,
                         fma_units: int = 2) -> float:
     """THE MFU denominator (PaLM's definition): the hardware's peak, not what a benchmark reached.
 
-    On CPU: cores x the maximum clock the CPU reports x FLOP/cycle (`theoretical_peak_flops`'s
+    On CPU: cores x the maximum clock (`max_clock_mhz`: cpufreq, else measured) x FLOP/cycle (`theoretical_peak_flops`'s
     assumptions, printed with verbose=True). If the cached measured MatMul peak (`peak_flops()`) is
     higher, the clock assumption was low (turbo), and the measured figure is used, so MFU <= 1 by
     construction. On Ascend/GPU: the datasheet figure of DATASHEET_PEAK_FLOPS for `device` (a key
@@ -212,8 +299,7 @@ def hardware_peak_flops(dtype: str = "float32", *, device: str | None = None, ve
     mhz, where = max_clock_mhz()
     if not mhz:
         raise ValueError("hardware_peak_flops: the CPU reports no clock; fix: pass device= with a datasheet entry")
-    flags = info["flags"]
-    lanes, isa = (16, "AVX-512") if "avx512f" in flags else (8, "AVX2+FMA") if "fma" in flags else (4, "SSE")
+    lanes, isa = fp32_fma_lanes(info)
     per_cycle = lanes * 2 * fma_units
     theory = info["threads"] * mhz * 1e6 * per_cycle
     rec = peak_flops_record(dtype)

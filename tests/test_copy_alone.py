@@ -203,7 +203,8 @@ CALLS: dict[str, str] = {
         assert "mindspore" not in sys.modules
         busy = m.competing_processes(0.05)
         assert busy is None or all(r["pid"] != os.getpid() and r["core_share"] > 0.05 for r in busy)
-        assert m.max_clock_mhz()[0] > 0
+        assert m.max_clock_mhz()[0] > 0 and m.fp32_fma_lanes({"flags": {"fma"}})[0] == 8
+        assert m.measured_clock_mhz()[0] is None or m.measured_clock_mhz()[0] > 100
         assert m.hardware_peak_flops() >= 1e11                 # never below the measured peak
         assert abs(m.share_of_achievable(np.float32(1000), np.int64(10**5), 1) - 1e8 / 1e11) < 1e-12
     """,

@@ -140,7 +140,8 @@ def test_hardware_peak_is_cores_times_max_clock_times_flop_per_cycle(tmp_path, m
     from mshelpers.metrics import _peak_key, cpu_info, hardware_peak_flops, max_clock_mhz, share_of_achievable
     monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(tmp_path / "peak.json"))   # no measured peak yet
     info, (mhz, _) = cpu_info(), max_clock_mhz()
-    lanes = 16 if "avx512f" in info["flags"] else 8 if "fma" in info["flags"] else 4
+    zen4 = info["vendor"] == "AuthenticAMD" and info["cpu_family"] == "25"    # AVX-512 on 256-bit units
+    lanes = (8 if zen4 else 16) if "avx512f" in info["flags"] else 8 if "fma" in info["flags"] else 4
     want = info["threads"] * mhz * 1e6 * lanes * 2 * 2          # cores x clock x lanes x FMA(2) x 2 units
     assert hardware_peak_flops(verbose=True) == pytest.approx(want)
     out = capsys.readouterr().out
@@ -222,11 +223,19 @@ def test_max_clock_prefers_cpufreq_then_the_largest_cpu_mhz(monkeypatch):
     from mshelpers import metrics
     cpuinfo = "processor\t: 0\ncpu MHz\t\t: 2300.000\nprocessor\t: 1\ncpu MHz\t\t: 3100.500\ncpu MHz\t\t: 2900\nflags\t: fma\n"
     monkeypatch.setattr(metrics, "open", lambda p, *a, **k: io.StringIO(cpuinfo), raising=False)
+    monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (9000.0, "measured"))
     monkeypatch.setattr(metrics, "Path", _FakePath("3500000\n"))
-    assert metrics.max_clock_mhz() == (3500.0, "cpufreq cpuinfo_max_freq")
+    assert metrics.max_clock_mhz() == (3500.0, "cpufreq cpuinfo_max_freq")      # cpufreq wins, even over a probe
+    monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (None, "no C compiler"))
     for bad in ("0\n", OSError("no cpufreq"), "n/a"):
         monkeypatch.setattr(metrics, "Path", _FakePath(bad))
         assert metrics.max_clock_mhz() == (3100.5, "/proc/cpuinfo cpu MHz")
+    # no cpufreq: the measured clock when it is above the listed one (a VM's nominal clock), else the listed one
+    monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (3650.0, "measured: a dependent-add chain, best of 5"))
+    assert metrics.max_clock_mhz() == (3650.0, "measured: a dependent-add chain, best of 5")
+    monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (2000.0, "measured: a dependent-add chain, best of 5"))
+    assert metrics.max_clock_mhz() == (3100.5, "/proc/cpuinfo cpu MHz")
+    monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (None, "no C compiler"))
 
     def no_proc(*a, **k):
         raise OSError("no /proc")
@@ -478,6 +487,80 @@ def test_hardware_peak_at_a_measured_peak_equal_to_the_theory_and_an_odd_clock(m
     assert "1 cores x 3.00 GHz (/proc/cpuinfo cpu MHz)" in out and "turbo" not in out   # equal is not higher
 
 
+def test_zen4_runs_avx512_on_256_bit_units_and_others_do_not():
+    from mshelpers.metrics import fp32_fma_lanes
+    zen4 = {"flags": {"avx512f", "fma"}, "vendor": "AuthenticAMD", "cpu_family": "25"}
+    assert fp32_fma_lanes(zen4) == (8, "AVX-512 on 256-bit units (Zen 4)")
+    assert fp32_fma_lanes({**zen4, "cpu_family": "26"}) == (16, "AVX-512")               # Zen 5: full width
+    assert fp32_fma_lanes({**zen4, "vendor": "GenuineIntel", "cpu_family": "6"}) == (16, "AVX-512")
+    assert fp32_fma_lanes({"flags": {"fma"}, "vendor": "AuthenticAMD", "cpu_family": "25"}) == (8, "AVX2+FMA")
+    assert fp32_fma_lanes({}) == (4, "SSE") and fp32_fma_lanes({"flags": None, "cpu_family": 25}) == (4, "SSE")
+
+
+def test_the_hardware_peak_of_a_zen4_counts_32_flop_per_cycle(monkeypatch, capsys):
+    from mshelpers import metrics
+    monkeypatch.setattr(metrics, "cpu_info", lambda: {"threads": 2, "mhz": 2600.0, "flags": {"avx512f", "fma"},
+                                                       "cpu_model": "AMD EPYC", "vendor": "AuthenticAMD",
+                                                       "cpu_family": "25"})
+    monkeypatch.setattr(metrics, "max_clock_mhz", lambda: (3650.0, "measured: a dependent-add chain, best of 5"))
+    monkeypatch.setattr(metrics, "peak_flops_record", lambda dtype="float32": {"flops": 217e9})
+    assert metrics.hardware_peak_flops(verbose=True) == 2 * 3650e6 * 32      # 233.6 GFLOP/s, above the 217 measured
+    assert "x 32 FLOP/cycle (AVX-512 on 256-bit units (Zen 4): 8 fp32 lanes" in capsys.readouterr().out
+
+
+def _fake_cc(tmp_path, body):
+    """A stand-in C compiler: ignores its input and writes, at its -o path, a shell script with `body`."""
+    cc = tmp_path / "fakecc"
+    cc.write_text("#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = -o ] && out=$2; shift; done\ncat >/dev/null\n"
+                  f"printf '#!/bin/sh\\n%s\\n' '{body}' > \"$out\" && chmod +x \"$out\"\n")
+    cc.chmod(0o755)
+    return str(cc)
+
+
+def test_the_measured_clock_is_a_real_compiled_probe_on_this_cpu(monkeypatch):
+    from mshelpers import metrics
+    monkeypatch.setattr(metrics, "_CLOCK_PROBE", {})
+    mhz, where = metrics.measured_clock_mhz()
+    assert where == "measured: a dependent-add chain, best of 5"
+    listed = metrics._cpuinfo_max_mhz()
+    assert 100 <= mhz <= 10_000 and (listed is None or mhz >= 0.5 * listed), (mhz, listed)
+    assert metrics.measured_clock_mhz() == (mhz, where)                     # once per process
+
+
+def test_the_clock_probe_fails_in_one_line_and_is_never_a_number(tmp_path, monkeypatch):
+    import tempfile
+    from mshelpers import metrics
+
+    def probe(**env):
+        monkeypatch.setattr(metrics, "_CLOCK_PROBE", {})
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        return metrics.measured_clock_mhz()
+    empty, path = tmp_path / "empty", os.environ["PATH"]
+    empty.mkdir()
+    monkeypatch.delenv("CC", raising=False)
+    assert probe(PATH=str(empty)) == (None, "no C compiler (cc, gcc or $CC) to build the clock probe")
+    monkeypatch.setenv("PATH", path)
+    assert probe(CC="false") == (None, "the clock probe failed (CalledProcessError)")       # the compiler fails
+    assert probe(CC=_fake_cc(tmp_path, "echo fast")) == (None, "the clock probe failed (ValueError)")
+    assert probe(CC=_fake_cc(tmp_path, "echo")) == (None, "the clock probe failed (IndexError)")       # no output
+    assert probe(CC=_fake_cc(tmp_path, "echo 99999.0")) == (None, "the clock probe read 99999 MHz, outside 100 MHz - 10 GHz")
+    assert probe(CC=_fake_cc(tmp_path, "kill -9 $$")) == (None, "the clock probe failed (CalledProcessError)")  # killed
+    assert probe(CC=_fake_cc(tmp_path, "echo 3000.5")) == (3000.5, "measured: a dependent-add chain, best of 5")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))        # no room for the probe (a full disk)
+    assert probe() == (None, "the clock probe failed (FileNotFoundError)")
+
+
+def test_two_processes_measure_the_clock_at_once(tmp_path):
+    import subprocess
+    import sys
+    code = "from mshelpers.metrics import measured_clock_mhz as m; print(m()[0])"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) for _ in range(2)]
+    got = [float(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(100 <= g <= 10_000 for g in got) and max(got) / min(got) < 2, got
+
+
 def test_max_clock_takes_a_cpufreq_of_one_khz_as_it_is(monkeypatch):
     import io
     from mshelpers import metrics
@@ -540,7 +623,7 @@ def test_cpu_info_takes_the_first_processors_fields_from_cpuinfo(monkeypatch):
                         if str(path) == "/proc/cpuinfo" else real_open(path, *a, **k))
     assert metrics.cpu_info() == {"cpu_model": "Intel(R) Xeon(R): Gold 6000 @ 2.30GHz", "cpu_family": "6",
                                   "threads": metrics._threads(), "flags": {"fpu", "sse", "avx2", "avx512f"},
-                                  "mhz": 2300.0}
+                                  "mhz": 2300.0, "vendor": "GenuineIntel"}
 
 
 def test_without_proc_the_platform_answers(monkeypatch):
@@ -556,7 +639,7 @@ def test_without_proc_the_platform_answers(monkeypatch):
     monkeypatch.setattr(platform, "processor", lambda: "")
     monkeypatch.setattr(platform, "machine", lambda: "arm64")
     assert metrics.cpu_info() == {"cpu_model": "arm64", "cpu_family": None, "threads": metrics._threads(),
-                                  "flags": set(), "mhz": None}
+                                  "flags": set(), "mhz": None, "vendor": None}
     monkeypatch.setattr(platform, "machine", lambda: "")
     assert metrics.platform_processor() == "unknown"
     monkeypatch.delattr(os, "sched_getaffinity")                   # macOS has no affinity call

@@ -59,8 +59,9 @@ HARDWARE_NAMES = ("atlas-800t-a2", "atlas-900-a2-podc", "cpu")
 
 
 def hardware(name: str = "atlas-800t-a2") -> DoctorHardware:
-    """The named profile. "cpu" is this machine: theoretical peak = cores x max clock x FLOP/cycle
-    (vector lanes x 2 for FMA x 2 FMA units), memory = MemTotal; its links are not modelled (one node)."""
+    """The named profile. "cpu" is this machine: theoretical peak = cores x max clock (metrics.max_clock_mhz) x
+    FLOP/cycle (fp32 lanes per FMA unit, metrics.fp32_fma_lanes, x 2 for FMA x 2 FMA units), memory = MemTotal;
+    its links are not modelled (one node)."""
     if name in HARDWARE:
         return HARDWARE[name]
     if name != "cpu":
@@ -68,8 +69,7 @@ def hardware(name: str = "atlas-800t-a2") -> DoctorHardware:
     metrics = _sibling("metrics")
     mhz, where = metrics.max_clock_mhz()
     info = metrics.cpu_info()
-    flags = info["flags"]
-    lanes = 16 if "avx512f" in flags else 8 if "fma" in flags else 4
+    lanes, isa = metrics.fp32_fma_lanes(info)      # 8 on Zen 4, whose AVX-512 runs on 256-bit units
     cores = os.cpu_count() or 1
     if not mhz:
         raise DoctorError("--hardware", name, "this machine reports no clock; pass an Ascend profile")
@@ -81,7 +81,7 @@ def hardware(name: str = "atlas-800t-a2") -> DoctorHardware:
     except (OSError, StopIteration, ValueError):
         mem = 8 * 2**30
     src = (f"theoretical: {cores} cores x {mhz / 1e3:.2f} GHz ({where}) x {lanes * 4} FLOP/cycle "
-           f"({lanes} fp32 lanes x 2 (FMA) x 2 FMA units); {info.get('cpu_model')}")
+           f"({isa}: {lanes} fp32 lanes x 2 (FMA) x 2 FMA units); {info.get('cpu_model')}")
     return DoctorHardware(name=f"this machine ({info.get('cpu_model')})", peak_flops={"float32": peak,
                           "float16": peak, "bfloat16": peak}, hbm_bytes_per_s=20e9, intra_link_bytes_per_s=1e9,
                           links_per_device=1, inter_bytes_per_s=1e9, devices_per_node=cores,
