@@ -242,19 +242,33 @@ def measured_clock_mhz() -> tuple[float | None, str]:
 
 def max_clock_mhz() -> tuple[float | None, str]:
     """The highest clock this CPU runs at, and where it was read: cpufreq's cpuinfo_max_freq when the
-    kernel exposes it; else the higher of the measured clock (`measured_clock_mhz`) and the largest 'cpu MHz'
-    in /proc/cpuinfo (a VM shows its nominal clock there, below the turbo its cores run at)."""
+    kernel exposes it; else the higher of the measured clock (the one `peak_flops()` cached with this machine's
+    MatMul peak, else `measured_clock_mhz()` now) and the largest 'cpu MHz' in /proc/cpuinfo (a VM shows its
+    nominal clock there, below the turbo its cores run at)."""
     try:
         khz = float(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text())
         if khz > 0:
             return khz / 1e3, "cpufreq cpuinfo_max_freq"
     except (OSError, ValueError):
         pass
-    measured, _ = measured_clock_mhz()
+    measured = _cached_clock_mhz()          # one clock for every process: the one measured with the MatMul peak
+    if measured is None:
+        measured, _ = measured_clock_mhz()
     listed = _cpuinfo_max_mhz()
     if measured and (listed is None or measured > listed):
         return measured, "measured: a dependent-add chain, best of 5"
     return listed, "/proc/cpuinfo cpu MHz"
+
+
+def _cached_clock_mhz() -> float | None:
+    """The clock `peak_flops()` measured beside this machine's cached float32 MatMul peak (a usable entry: this
+    CPU model and thread count, taken idle), if it holds a plausible one."""
+    info, _, key = _peak_key("float32")
+    rec = _read_peak_cache(_peak_cache_path(), note=False).get(key)
+    if _peak_entry_problem(rec, info) is not None:
+        return None
+    v = rec.get("clock_mhz")
+    return float(v) if not isinstance(v, bool) and isinstance(v, (int, float)) and 100 <= v <= 10_000 else None
 
 
 def _cpuinfo_max_mhz() -> float | None:
@@ -544,7 +558,9 @@ def peak_flops(refresh: bool = False, *, dtype: str = "float32", repeats: int = 
     build/peak_flops.json (or $MSHELPERS_PEAK_CACHE) with the CPU model, thread count, date, method, each
     shape's figure, and the machine's load: the 1-minute load average before and after the timing, and the
     competing processes (name, pid, share of a core) seen in a 0.5 s sample just before and just after it.
-    Every later call, in any process, reads the cache; `refresh=True` measures again. The cache is keyed by
+    Every later call, in any process, reads the cache; `refresh=True` measures again. On CPU the record also
+    holds the core clock measured right after the MatMuls (`measured_clock_mhz`, "clock_mhz"), so that
+    `max_clock_mhz()`, and with it the MFU denominator, is the same in every process that reads the cache. The cache is keyed by
     CPU model, family, thread count and device, and an entry whose own CPU model or thread count is not this
     machine's is never used, so a different machine measures its own.
 
@@ -594,6 +610,8 @@ def peak_flops(refresh: bool = False, *, dtype: str = "float32", repeats: int = 
             if verbose:
                 print(f"  MatMul ({m}x{k})@({k}x{n}) compiled: {f / 1e9:.1f} GFLOP/s")
         measure_s = time.monotonic() - t0
+        _CLOCK_PROBE.clear()                            # the clock, measured afresh under the same load check
+        clock_mhz = measured_clock_mhz()[0] if device == "CPU" else None
         after = _load_snapshot()
         reasons = _load_reasons("before", before, threads, cores) + _load_reasons("after", after, threads, cores)
         if not reasons:
@@ -607,7 +625,8 @@ def peak_flops(refresh: bool = False, *, dtype: str = "float32", repeats: int = 
            "method": PEAK_METHOD, "repeats": repeats, "shapes": per_shape,
            "cores": cores, "load_1min_before": before["load_1min"], "load_1min_after": after["load_1min"],
            "competing_before": before["competing"], "competing_after": after["competing"],
-           "loaded": bool(reasons), "attempts": attempt + 1, "measure_s": round(measure_s, 2)}
+           "loaded": bool(reasons), "attempts": attempt + 1, "measure_s": round(measure_s, 2),
+           "clock_mhz": clock_mhz}
     if reasons:
         new["load_reasons"] = reasons
         _UNCACHED[key] = new

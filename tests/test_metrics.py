@@ -224,6 +224,7 @@ def test_max_clock_prefers_cpufreq_then_the_largest_cpu_mhz(monkeypatch):
     cpuinfo = "processor\t: 0\ncpu MHz\t\t: 2300.000\nprocessor\t: 1\ncpu MHz\t\t: 3100.500\ncpu MHz\t\t: 2900\nflags\t: fma\n"
     monkeypatch.setattr(metrics, "open", lambda p, *a, **k: io.StringIO(cpuinfo), raising=False)
     monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (9000.0, "measured"))
+    monkeypatch.setattr(metrics, "_cached_clock_mhz", lambda: None)
     monkeypatch.setattr(metrics, "Path", _FakePath("3500000\n"))
     assert metrics.max_clock_mhz() == (3500.0, "cpufreq cpuinfo_max_freq")      # cpufreq wins, even over a probe
     monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (None, "no C compiler"))
@@ -236,6 +237,9 @@ def test_max_clock_prefers_cpufreq_then_the_largest_cpu_mhz(monkeypatch):
     monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (2000.0, "measured: a dependent-add chain, best of 5"))
     assert metrics.max_clock_mhz() == (3100.5, "/proc/cpuinfo cpu MHz")
     monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (None, "no C compiler"))
+    monkeypatch.setattr(metrics, "_cached_clock_mhz", lambda: 3300.0)      # the clock cached with the MatMul peak
+    assert metrics.max_clock_mhz() == (3300.0, "measured: a dependent-add chain, best of 5")
+    monkeypatch.setattr(metrics, "_cached_clock_mhz", lambda: None)
 
     def no_proc(*a, **k):
         raise OSError("no /proc")
@@ -313,6 +317,7 @@ def test_peak_flops_record_and_cache_rules_exactly(tmp_path, monkeypatch, capsys
         calls.append((m, k, n, repeats, dtype))
         return {(8, 8, 8): 12.344e9, (16, 16, 16): 50.126e9, (4, 4, 4): 7.0e9}[(m, k, n)]
     monkeypatch.setattr(metrics, "_measure_matmul_chain", fake)
+    monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (3210.5, "measured: a dependent-add chain, best of 5"))
     shapes = ((8, 8, 8), (16, 16, 16), (4, 4, 4))
     got = metrics.peak_flops(repeats=3, shapes=shapes, verbose=True)
     assert got == 50.13e9                               # the best shape, rounded to 0.01 GFLOP/s
@@ -330,8 +335,9 @@ def test_peak_flops_record_and_cache_rules_exactly(tmp_path, monkeypatch, capsys
                    "shapes": [{"m": 8, "k": 8, "n": 8, "gflops": 12.34}, {"m": 16, "k": 16, "n": 16, "gflops": 50.13},
                               {"m": 4, "k": 4, "n": 4, "gflops": 7.0}],
                    "cores": os.cpu_count(), "load_1min_before": 0.5, "load_1min_after": 0.5, "competing_before": [],
-                   "competing_after": [], "loaded": False, "attempts": 1}
+                   "competing_after": [], "loaded": False, "attempts": 1, "clock_mhz": 3210.5}
     assert metrics.peak_flops_record()["flops"] == 50.13e9 and metrics.peak_flops_record("float16") is None
+    assert metrics._cached_clock_mhz() == 3210.5           # every later process reads this clock
     assert [p.name for p in cache.parent.iterdir()] == ["peak.json"]        # no temp file left
     # cached: no measurement, whatever shapes are asked for; refresh measures again
     calls.clear()
@@ -549,6 +555,27 @@ def test_the_clock_probe_fails_in_one_line_and_is_never_a_number(tmp_path, monke
     assert probe(CC=_fake_cc(tmp_path, "echo 3000.5")) == (3000.5, "measured: a dependent-add chain, best of 5")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))        # no room for the probe (a full disk)
     assert probe() == (None, "the clock probe failed (FileNotFoundError)")
+
+
+@pytest.mark.parametrize("clock, want", [(3333.3, 3333.3), (4000, 4000.0), ("fast", None), (True, None),
+                                         (1e9, None), (float("nan"), None), (None, None), ("absent", None)])
+def test_the_cached_clock_is_used_only_when_plausible_and_from_this_machine(tmp_path, monkeypatch, clock, want):
+    import json
+    from mshelpers import metrics
+    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(tmp_path / "peak.json"))
+    info, _, key = metrics._peak_key("float32")
+    rec = {"flops": 2e11, "cpu_model": info["cpu_model"], "threads": info["threads"], "load_1min_before": 0.1,
+           "load_1min_after": 0.1, "competing_before": [], "competing_after": [], "loaded": False}
+    if clock != "absent":
+        rec["clock_mhz"] = clock
+    (tmp_path / "peak.json").write_text(json.dumps({key: rec}))
+    assert metrics._cached_clock_mhz() == want
+    (tmp_path / "peak.json").write_text(json.dumps({key: {**rec, "loaded": True}}))     # taken under load
+    assert metrics._cached_clock_mhz() is None
+    (tmp_path / "peak.json").write_text(json.dumps({key: {**rec, "cpu_model": "another CPU"}}))
+    assert metrics._cached_clock_mhz() is None
+    (tmp_path / "peak.json").write_text("{trunc")                                     # a corrupt cache
+    assert metrics._cached_clock_mhz() is None
 
 
 def test_two_processes_measure_the_clock_at_once(tmp_path):

@@ -21,7 +21,7 @@ IDLE = {"load_1min": 0.0, "competing": []}
 SPIN = {"load_1min": 0.0, "competing": [{"name": "spin", "pid": 4242, "core_share": 0.9}]}
 FIELDS = {"flops", "dtype", "device", "cpu_model", "cpu_family", "threads", "omp_num_threads", "date", "method",
           "repeats", "shapes", "cores", "load_1min_before", "load_1min_after", "competing_before",
-          "competing_after", "loaded", "attempts", "measure_s"}
+          "competing_after", "loaded", "attempts", "measure_s", "clock_mhz"}
 
 
 @pytest.fixture
