@@ -89,16 +89,16 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
 
     Overflowed steps (non-finite gradients) skip the optimizer update; with a dynamic
     scaler the scale halves. With cfg.grad_accum = k the batch is split into k
-    micro-batches whose gradients are averaged before one update.
+    micro-batches whose gradients are averaged before one update (GRAPH_MODE: summed in a buffer
+    of Parameters by one compiled graph called per micro-batch, then applied by a second graph).
     """
     cache_on = os.environ.get("MS_COMPILER_CACHE_ENABLE", "0") not in ("", "0")
     if cfg.mode == "graph" and cache_on and cfg.grad_accum > 1:
-        # Measured on MindSpore 2.9 (tests/test_compile_cache.py): on a warm compile cache an ms.jit
-        # *function* reads the parameters it closes over as zeros (loss ln(vocab), gradient norm 0), so the
-        # run would look alive and learn nothing. The k = 1 step below is a Cell and safe; accumulation's
-        # three pieces are still functions.
-        raise ValueError("make_train_step: MS_COMPILER_CACHE_ENABLE=1 with grad_accum > 1: its ms.jit function steps "
-                         "train on zeroed weights from a warm cache (MindSpore 2.9); fix: unset "
+        # Measured on MindSpore 2.9 (tests/_cache_probe.py train-accum, run twice on one cache folder): the
+        # accumulation step's two graphs share the model's Parameters, and loaded warm they train on garbage
+        # (every loss NaN, where the cold run's fourth loss is 5.56). The k = 1 step is one graph and safe.
+        raise ValueError("make_train_step: MS_COMPILER_CACHE_ENABLE=1 with grad_accum > 1: its two graphs share the "
+                         "model's Parameters and train on garbage from a warm cache (MindSpore 2.9); fix: unset "
                          "MS_COMPILER_CACHE_ENABLE for this run, or use grad_accum=1")
     import mindspore as ms
     from mindspore import amp, ops
@@ -147,11 +147,14 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
     def accumulate(acc, grads):
         return grad_map(add_share, acc, grads)
 
-    jit = ms.jit if cfg.mode == "graph" else (lambda f: f)
-    if k == 1:
-        # GRAPH_MODE: a Cell, not an ms.jit function, so MindSpore's compile cache can be on (a warm
-        # function step reads its closed-over parameters as zeros); the same ops as fused_step
-        step_fn = _fused_step_cell(net, optimizer, scaler, clip, dynamic) if cfg.mode == "graph" else fused_step
+    if k == 1 or cfg.mode == "graph":
+        # GRAPH_MODE: Cells, not ms.jit functions, so MindSpore's compile cache can be on (a warm function
+        # step reads its closed-over parameters as zeros); the same ops as fused_step. With k > 1 the
+        # gradients collect in a buffer of Parameters (see _fused_step_cell), not in tuples passed between
+        # jitted functions with host round trips (tiny preset, 2 micro-batches, AMD EPYC family 25 model 17,
+        # 6 alternated rounds: 20.4 ms per update, rounds 15.1-26.1, against 47.6 ms, 23.8-121, that way;
+        # the plain step 11.9 ms)
+        step_fn = _fused_step_cell(net, optimizer, scaler, clip, dynamic, k) if cfg.mode == "graph" else fused_step
 
         def step(input_ids):
             loss, grad_norm, finite = step_fn(input_ids)
@@ -159,29 +162,33 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
         step.loss_scaler = scaler     # checkpoints save and restore its state
         return step
 
-    grads_fn, add_fn, apply_fn = jit(compute_grads), jit(accumulate), jit(apply_grads)
-
-    def accum_step(input_ids):
+    def accum_step(input_ids):              # PyNative: each micro-batch's gradients, then one update
         micro = input_ids.shape[0] // k
         total, acc = 0.0, None
         for i in range(k):
-            loss, grads = grads_fn(input_ids[i * micro:(i + 1) * micro])
-            # mutable: a plain tuple of tensors is a compile-time constant to ms.jit, and recompiles every call
-            acc = tuple(g / k for g in grads) if acc is None else add_fn(ms.mutable(acc), ms.mutable(grads))
+            loss, grads = compute_grads(input_ids[i * micro:(i + 1) * micro])
+            acc = tuple(g / k for g in grads) if acc is None else accumulate(acc, grads)
             total = total + loss / k
-        grad_norm, finite = apply_fn(ms.mutable(tuple(acc)))
+        grad_norm, finite = apply_grads(tuple(acc))
         return total, grad_norm, finite, scaler.scale_value
     accum_step.loss_scaler = scaler
     return accum_step
 
 
-def _fused_step_cell(net, optimizer, scaler, clip: float, dynamic: bool):
-    """make_train_step's k = 1 step as an nn.Cell: loss scaling, gradients, all_finite, global-norm clip, the
-    update (skipped on overflow) and the dynamic scale's adjustment, with the scaler's state as the Cell's own
-    Parameters. A warm compile cache (MindSpore 2.9) drops Parameters the graph reaches through another
-    object: a step that called `scaler.adjust` kept its scale at 2**127 through overflows. So the scale and
-    counter are attributes here (the scaler's own Parameter objects: checkpoints still save them through it)
-    and `DynamicLossScaler.adjust`'s update is written out below."""
+def _fused_step_cell(net, optimizer, scaler, clip: float, dynamic: bool, k: int = 1):
+    """make_train_step's GRAPH_MODE step as an nn.Cell: loss scaling, gradients (summed over k micro-batches of
+    the batch, then divided by k), all_finite, global-norm clip, the update (skipped on overflow) and the dynamic
+    scale's adjustment, with the scaler's state as the Cell's own Parameters. With k > 1 it returns a function
+    over two Cells: one graph, called once per micro-batch, adds that micro-batch's gradients to a
+    gradient-sized buffer of Parameters; the other applies the update from the buffer and zeroes it. The buffer
+    stays on the device, so no gradient tuple crosses into Python between the graphs; and the one gradient
+    graph serves every micro-batch, so one micro-batch's working memory is live at a time. (Peak RSS, 2 x 16
+    sequences of 256 on the tiny preset in GRAPH_MODE: 1350 MiB, against 1995 for 1 x 32; a separate graph per
+    micro-batch, or one graph unrolling all k, held 1879-1889 MiB.) A warm compile cache (MindSpore
+    2.9) drops Parameters the graph reaches through another object: a step that called `scaler.adjust` kept
+    its scale at 2**127 through overflows. So the scale and counter are attributes here (the scaler's own
+    Parameter objects: checkpoints still save them through it) and `DynamicLossScaler.adjust`'s update is
+    written out below."""
     import mindspore as ms
     from mindspore import amp, nn, ops
 
@@ -197,19 +204,28 @@ def _fused_step_cell(net, optimizer, scaler, clip: float, dynamic: bool):
             return loss * self.scale_value.astype(loss.dtype)
 
     class FusedStep(nn.Cell):
-        def __init__(self):
+        """k = 1: construct(input_ids), the whole step. accu given: construct(loss_sum), the update from the
+        accumulation buffer (the sum of k micro-batches' scaled gradients), which it then zeroes."""
+        def __init__(self, accu=None):
             super().__init__(auto_prefix=False)
-            self.optimizer, self.clip, self.dynamic = optimizer, clip, dynamic
+            self.optimizer, self.clip, self.dynamic, self.k = optimizer, clip, dynamic, k
             self.scale_value = scaler.scale_value
             self.counter = scaler.counter if dynamic else None
             self.scale_factor = float(scaler.scale_factor) if dynamic else 2.0
             self.scale_window = int(scaler.scale_window) if dynamic else 1
-            self.grad_fn = ms.value_and_grad(Scaled(net, scaler.scale_value), None, optimizer.parameters)
+            self.from_buffer, self.accu = accu is not None, accu
+            if accu is None:
+                self.grad_fn = ms.value_and_grad(Scaled(net, scaler.scale_value), None, optimizer.parameters)
             self.map = grad_map
 
-        def construct(self, input_ids):
-            loss, grads = self.grad_fn(input_ids)
+        def construct(self, x):
+            if self.from_buffer:
+                loss, grads = x, self.accu
+            else:
+                loss, grads = self.grad_fn(x)
             inv = ops.reciprocal(self.scale_value)
+            if self.k > 1:
+                inv = inv / self.k
             loss = loss * inv.astype(loss.dtype)
             grads = self.map(ops.partial(times, inv), grads)
             finite = amp.all_finite(grads)
@@ -228,9 +244,37 @@ def _fused_step_cell(net, optimizer, scaler, clip: float, dynamic: bool):
                                  ops.maximum(one, self.scale_value / self.scale_factor))
                 ops.assign(self.scale_value, new)
                 ops.assign(self.counter, ((self.counter + 1) % self.scale_window) * finite)
+            if self.from_buffer:
+                grad_norm = ops.depend(grad_norm, self.map(ops.assign, self.accu, self.map(ops.zeros_like, self.accu)))
             return loss, grad_norm, finite
 
-    return FusedStep()
+    if k == 1:
+        return FusedStep()
+
+    class AccumGrads(nn.Cell):
+        """One micro-batch: its (scaled) gradients added to the buffer."""
+        def __init__(self, accu):
+            super().__init__(auto_prefix=False)
+            self.accu, self.map = accu, grad_map
+            self.grad_fn = ms.value_and_grad(Scaled(net, scaler.scale_value), None, optimizer.parameters)
+
+        def construct(self, input_ids):
+            loss, grads = self.grad_fn(input_ids)
+            return ops.depend(loss, self.map(ops.assign_add, self.accu, grads))
+
+    # the accumulation buffer: one gradient-sized Parameter per trainable parameter (mindformers' accu_grads),
+    # kept on the device between the graphs; each Cell holds it (and the scaler's Parameters) itself
+    accu = ms.ParameterTuple(ms.Parameter(ops.zeros_like(p), name=f"accu_grads.{p.name}", requires_grad=False)
+                             for p in optimizer.parameters)
+    micro_step, apply = AccumGrads(accu), FusedStep(accu)
+
+    def accum_step(input_ids):
+        micro = input_ids.shape[0] // k
+        loss = micro_step(input_ids[:micro])
+        for i in range(1, k):
+            loss = loss + micro_step(input_ids[i * micro:(i + 1) * micro])
+        return apply(loss)
+    return accum_step
 
 
 class NonFiniteLoss(RuntimeError):

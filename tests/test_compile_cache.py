@@ -6,9 +6,10 @@ gradient norm 0; under 2-rank DATA_PARALLEL the next step is NaN; on tiny the wa
 The same happens to any Parameter the graph reaches through another object: a Cell that called a
 DynamicLossScaler's `adjust` kept its scale through overflows. `train.make_train_step`'s graph step is a
 Cell that holds those Parameters itself, and trains identically cold and warm (the second test, which
-also stands for `dp_train`'s Cell). Accumulation's steps are still functions: `make_train_step` refuses
-the cache for them with one line. If a MindSpore upgrade makes the first test fail, the bug is fixed:
-drop the refusal.
+also stands for `dp_train`'s Cell). Accumulation's step is two Cells, one graph per micro-batch and one for
+the update, sharing the model's Parameters; warm, they train on garbage (`_cache_probe.py train-accum`, run
+twice on one folder: every loss NaN), so `make_train_step` refuses the cache for them with one line. If a
+MindSpore upgrade makes the first test fail, the bug is fixed: check train-accum, then drop the refusal.
 """
 from __future__ import annotations
 
