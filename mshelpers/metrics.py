@@ -193,7 +193,7 @@ static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
 #error "no dependent-add chain written for this architecture"
 #endif
 int main(void) {
-    const long n = 30000000L;
+    const long n = 10000000L;
     uint64_t x = 1;
     double best = 0;
     for (int r = 0; r < 5; r++) {
@@ -212,7 +212,7 @@ _CLOCK_PROBE: dict[str, tuple[float | None, str]] = {}
 
 def measured_clock_mhz() -> tuple[float | None, str]:
     """The core clock, measured: `_CLOCK_PROBE_C` built with the system C compiler ($CC, else cc or gcc) into a
-    temporary folder and run once per process (about 0.5 s). For a VM that hides its clock (no cpufreq, only
+    temporary folder and run once per process (about 0.2 s). For a VM that hides its clock (no cpufreq, only
     the nominal 'cpu MHz'), this is the turbo clock the MatMuls actually ran at. (None, why) when there is no
     compiler, no chain for this architecture, the probe fails, or it reads outside 100 MHz - 10 GHz."""
     if "result" in _CLOCK_PROBE:
