@@ -179,12 +179,13 @@ def theoretical_peak_flops(verbose: bool = True, fma_units: int = 2) -> float:
 
 # A chain of dependent register adds: each waits for the one before, and an integer add takes one cycle on every
 # x86-64 and AArch64 core, so adds per second is the clock the core runs at. Ten per loop iteration hide the loop's
-# own counter, which runs alongside. Best of 5 rounds: a round that lost the core to another process reads low.
+# own counter, which runs alongside. Timed in this thread's CPU time, not wall time, so the seconds another process
+# holds the core do not count (two probes sharing one core each read the full clock); best of 5 rounds.
 _CLOCK_PROBE_C = r"""
 #include <stdio.h>
 #include <stdint.h>
 #include <time.h>
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+static double now(void) { struct timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 #if defined(__x86_64__)
 #define ADD "add %0, %0\n\t"
 #elif defined(__aarch64__)
