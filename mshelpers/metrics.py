@@ -289,8 +289,8 @@ def hardware_peak_flops(dtype: str = "float32", *, device: str | None = None, ve
                         fma_units: int = 2) -> float:
     """THE MFU denominator (PaLM's definition): the hardware's peak, not what a benchmark reached.
 
-    On CPU: cores x the maximum clock (`max_clock_mhz`: cpufreq, else measured) x FLOP/cycle (`theoretical_peak_flops`'s
-    assumptions, printed with verbose=True). If the cached measured MatMul peak (`peak_flops()`) is
+    On CPU: cores x the maximum clock (`max_clock_mhz`: cpufreq, else measured) x FLOP/cycle
+    (`theoretical_peak_flops`'s assumptions, printed with verbose=True). If the cached measured MatMul peak (`peak_flops()`) is
     higher, the clock assumption was low (turbo), and the measured figure is used, so MFU <= 1 by
     construction. On Ascend/GPU: the datasheet figure of DATASHEET_PEAK_FLOPS for `device` (a key
     of that table) at `dtype`. The measured peak stays beside it as "share of achievable"
@@ -561,8 +561,8 @@ def peak_flops(refresh: bool = False, *, dtype: str = "float32", repeats: int = 
     competing processes (name, pid, share of a core) seen in a 0.5 s sample just before and just after it.
     Every later call, in any process, reads the cache; `refresh=True` measures again. On CPU the record also
     holds the core clock measured right after the MatMuls (`measured_clock_mhz`, "clock_mhz"), so that
-    `max_clock_mhz()`, and with it the MFU denominator, is the same in every process that reads the cache. The cache is keyed by
-    CPU model, family, thread count and device, and an entry whose own CPU model or thread count is not this
+    `max_clock_mhz()`, and with it the MFU denominator, is the same in every process that reads the cache.
+    The cache is keyed by CPU model, family, thread count and device, and an entry whose own CPU model or thread count is not this
     machine's is never used, so a different machine measures its own.
 
     Under load, a measurement is refused. The rule: the timing counts as loaded when, in the sample just

@@ -148,8 +148,9 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
         return grad_map(add_share, acc, grads)
 
     if k == 1 or cfg.mode == "graph":
-        # GRAPH_MODE: Cells, not ms.jit functions, so MindSpore's compile cache can be on (a warm function
-        # step reads its closed-over parameters as zeros); the same ops as fused_step. With k > 1 the
+        # GRAPH_MODE: Cells, not ms.jit functions (a warm compile cache makes a function step read its
+        # closed-over parameters as zeros; k = 1 is safe with the cache, k > 1 is refused above); the same ops
+        # as fused_step. With k > 1 the
         # gradients collect in a buffer of Parameters (see _fused_step_cell), not in tuples passed between
         # jitted functions with host round trips (tiny preset, 2 micro-batches, AMD EPYC family 25 model 17,
         # 6 alternated rounds: 20.4 ms per update, rounds 15.1-26.1, against 47.6 ms, 23.8-121, that way;
