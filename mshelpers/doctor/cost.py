@@ -25,7 +25,8 @@ import functools
 import re
 from typing import Any
 
-from .describe import Config, Model, _sibling
+from . import topology
+from .describe import CALIBRATION, Config, Model, _sibling
 
 
 # ---------------------------------------------------------------- FLOPs and parameters
@@ -185,100 +186,136 @@ def _stage_params(m: Model, lay: Any, i: int) -> tuple[float, float]:
     return dense, expert / _expert_shard(lay)
 
 
-def _group_bw(hw: Any, span: int, n: int) -> tuple[float, float]:
-    """Per-device bandwidth and latency of a collective over n ranks spread over `span` consecutive ranks."""
-    if span <= hw.devices_per_node:
-        return hw.intra_link_bytes_per_s * min(max(n - 1, 1), hw.links_per_device), hw.intra_latency_s
-    return hw.inter_bytes_per_s, hw.inter_latency_s
+def _rate(peak: float, calib: Any, width: float) -> float:
+    """FLOP/s of matmuls whose per-device width is `width`: compute_efficiency x w / (w + half_width) of the peak
+    (narrow shards feed the cube units worse)."""
+    half = calib.half_width
+    return peak * calib.compute_efficiency * width / (width + half) if width + half > 0 else 0.0
+
+
+def expert_matmul_flops(m: Model, i: int) -> float:
+    """Forward FLOPs per token of layer i's routed-expert matmuls (top_k experts, capacity padding apart)."""
+    if m.moe is None or not m.moe.is_moe_layer(i):
+        return 0.0
+    return m.moe.top_k * 3 * 2 * m.hidden * m.moe.expert_ffn
+
+
+SCORE_PASSES = 12       # without flash attention, the s x s scores cross HBM: forward writes QK^T, softmax reads it
+                        # and writes the probabilities, PV reads them (4); the backward about twice that (8)
 
 
 # ---------------------------------------------------------------- step time
 def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     """The step decomposed (seconds per optimizer step on the bottleneck device) and what follows from it.
 
-    Keys: compute_s, tp_s, ep_s (MoE all-to-all), cp_s (context parallel), p2p_s, bubble_s, dp_s (exposed),
-    dp_total_s, dp_hidden_s, optimizer_s, step_s (their sum), tokens_per_s_per_device, n_params,
-    n_active_params, mfu_6n, mfu_attention, mfu_hardware, peak_flops, per_stage_s, bottleneck_stage,
-    recompute_factor (hardware / model FLOPs: recompute and MoE capacity padding), global_batch, micro_batches,
-    moe_capacity_padding (MoE.slots() / top_k; 1.0 for dense and dropless models).
+    Keys: compute_s, attn_hbm_s (the score matrix through HBM without flash attention), tp_s, ep_s (MoE
+    all-to-all), cp_s (context parallel), p2p_s, bubble_s, dp_s (exposed), dp_total_s, dp_hidden_s,
+    optimizer_s, step_s (their sum), tokens_per_s_per_device, n_params, n_active_params, mfu_6n, mfu_attention,
+    mfu_hardware, peak_flops, per_stage_s, bottleneck_stage, recompute_factor (hardware / model FLOPs: recompute
+    and MoE capacity padding), global_batch, micro_batches, moe_capacity_padding (MoE.slots() / top_k; 1.0 for
+    dense and dropless models), groups (each communication group: size, span, nodes, link, time_s).
+
+    Every collective is priced on the links its group crosses (topology.py: ranks placed on nodes in the
+    dialect's order) at datasheet rates, times comm_time_factor: one constant, one direction.
     """
-    if calib is None:
-        calib = _sibling_calibration()
+    calib = calib or CALIBRATION
     m, lay = cfg.model, cfg.layout
     tokens_micro = lay.batch * lay.interleave * m.seq / lay.cp     # tokens of one micro-batch on one device
     peak = hw.peak(lay.compute_dtype)
-    # matmuls run at compute_efficiency x w / (w + half_width) of peak, w = the per-device hidden width h / tp
-    # (narrow shards feed the cube units worse); attention at attention_efficiency of that
-    width = m.hidden / lay.tp
-    half = getattr(calib, "half_width", 0.0)
-    rate = peak * calib.compute_efficiency * width / (width + half)
-    rate_attn = rate * getattr(calib, "attention_efficiency", 1.0)
-    eff_comm = calib.comm_time_factor
+    rate = _rate(peak, calib, m.hidden / lay.tp)
+    rate_attn = rate * calib.attention_efficiency
+    rate_expert = _rate(peak, calib, m.moe.expert_ffn / lay.tp) if m.moe is not None else rate
+    f_comm = calib.comm_time_factor
     act_bytes = tokens_micro * m.hidden * 2
-    tp_bw, tp_lat = _group_bw(hw, lay.tp, lay.tp)
-    ep_bw, ep_lat = _group_bw(hw, lay.ep, lay.ep)
-    cp_span = lay.cp * lay.tp * lay.dp
-    cp_bw, cp_lat = _group_bw(hw, cp_span if lay.cp > 1 else 1, lay.cp)
+    spans = {k: topology.span(v, hw.devices_per_node) for k, v in topology.groups(lay, cfg.dialect).items()}
+    tp_bw, tp_lat = topology.ring_link(hw, spans["TP"])
+    cp_bw, cp_lat = topology.ring_link(hw, spans["CP"])
+    pp_bw, pp_lat = topology.ring_link(hw, spans["PP"])
     ids = stage_layer_ids(cfg)
-    per_stage, comp, tps, eps, cps, p2ps, hw_flops_total = [], [], [], [], [], [], 0.0
+    per_stage, comp, hbm, tps, eps, cps, p2ps, hw_flops_total = [], [], [], [], [], [], [], 0.0
     for i in range(lay.pp):
         ops = [layer_ops(m, j) for j in ids[i]]
         pads = [capacity_padding_flops(m, j) for j in ids[i]]
+        experts = [expert_matmul_flops(m, j) + pads[k] for k, j in enumerate(ids[i])]
         fwd = sum(sum(o.values()) for o in ops) + sum(pads) + (head_flops(m) if i == lay.pp - 1 else 0)
         attn = sum(o["attention"] for o in ops) + (m.mtp * ops[-1]["attention"] if i == lay.pp - 1 and ops else 0)
         n_full = lay.full_recompute[i]
         rec = sum(sum(o.values()) for o in ops[:n_full]) + sum(pads[:n_full])
         rec_attn = sum(o["attention"] for o in ops[:n_full])
+        rec_expert = sum(experts[:n_full])
+        attn_layers_recomputed = n_full
         for pat, k in lay.select_ops[i]:
             names = pattern_ops(pat)
-            rec += sum(sum(o.get(n, 0) for n in names) for o in ops[n_full:n_full + k])
-            rec_attn += sum(o["attention"] for o in ops[n_full:n_full + k]) if "attention" in names else 0
+            chosen = ops[n_full:n_full + k]
+            rec += sum(sum(o.get(n, 0) for n in names) for o in chosen)
+            if "attention" in names:
+                rec_attn += sum(o["attention"] for o in chosen)
+                attn_layers_recomputed += len(chosen)
+            if m.moe is not None and {"w1", "w2", "w3"} & set(names):
+                share = len({"w1", "w2", "w3"} & set(names)) / 3
+                rec_expert += share * sum(experts[n_full:n_full + k])
         flops = tokens_micro * (3 * fwd + rec) / lay.tp
         flops_attn = tokens_micro * (3 * attn + rec_attn) / lay.tp
+        flops_expert = tokens_micro * (3 * sum(experts) + rec_expert) / lay.tp
         hw_flops_total += flops * lay.tp * lay.dp * lay.cp
-        c = (flops - flops_attn) / rate + flops_attn / rate_attn
+        c = (flops - flops_attn - flops_expert) / rate + flops_attn / rate_attn + flops_expert / rate_expert
         n = len(ids[i])
+        a = 0.0
+        if not m.flash and n:
+            # the local scores: batch x heads/tp x (s/cp) x s, 2 bytes each, SCORE_PASSES crossings per layer,
+            # 4 more for each layer whose attention is recomputed
+            scores = lay.batch * lay.interleave * (m.heads / lay.tp) * (m.seq / lay.cp) * m.seq * 2
+            a = scores * (SCORE_PASSES * n + 4 * attn_layers_recomputed) / hw.hbm_bytes_per_s
         t = 0.0
         if lay.tp > 1:
             n_coll = 8 * n + 4 * n_full + (2 if i == 0 and not lay.vocab_emb_dp else 0)
-            t = n_coll * ((lay.tp - 1) / lay.tp * act_bytes / (tp_bw * eff_comm) + tp_lat)
+            t = n_coll * ((lay.tp - 1) / lay.tp * act_bytes / tp_bw * f_comm + tp_lat)
         e = 0.0
         moe_layers = [j for j in ids[i] if m.moe is not None and m.moe.is_moe_layer(j)]
-        if moe_layers and lay.ep > 1:
+        if moe_layers and spans["EP"]["size"] > 1:
             local = tokens_micro / (lay.tp if lay.seq_parallel else 1)
-            a2a = local * m.moe.slots() * m.hidden * 2 * (lay.ep - 1) / lay.ep    # every slot is sent, filled or not
+            buffer = local * m.moe.slots() * m.hidden * 2                   # every slot is sent, filled or not
             n_a2a = 4 * len(moe_layers) + 2 * sum(1 for j in moe_layers if j - ids[i][0] < n_full)
-            e = n_a2a * (a2a / (ep_bw * eff_comm) + ep_lat)
+            lat = hw.inter_latency_s if spans["EP"]["nodes"] > 1 else hw.intra_latency_s
+            e = n_a2a * (topology.all_to_all_time(hw, spans["EP"], buffer) * f_comm + lat)
         x = 0.0
         if lay.cp > 1:
             if lay.cp_kind == "ulysses":
-                one = act_bytes * (lay.cp - 1) / lay.cp / (cp_bw * eff_comm) + cp_lat
+                one = topology.all_to_all_time(hw, spans["CP"], act_bytes) * f_comm + cp_lat
                 x = (8 * n + 4 * n_full) * one
             else:
                 kv = tokens_micro * (m.kv_heads * m.head_dim if m.attention != "mla" else m.kv_lora_rank + m.qk_rope_dim)
-                one = 2 * kv * 2 / (cp_bw * eff_comm) + cp_lat            # K and V of the local chunk, 16-bit
+                one = 2 * kv * 2 / cp_bw * f_comm + cp_lat                # K and V of the local chunk, 16-bit
                 x = (lay.cp - 1) * one * (3 * n + n_full)                 # forward, backward x2, recompute
         p = 0.0
         if lay.pp > 1:
-            span = 2 * lay.dp * lay.tp * lay.cp                           # neighbouring stages are that many ranks apart
-            bw, lat = (hw.intra_link_bytes_per_s, hw.intra_latency_s) if span <= hw.devices_per_node else \
-                (hw.inter_bytes_per_s, hw.inter_latency_s)
             sent = act_bytes / (lay.tp if lay.seq_parallel else 1)
-            p = 2 * lay.vpp * (sent / (bw * eff_comm) + lat)
-        comp.append(c), tps.append(t), eps.append(e), cps.append(x), p2ps.append(p)
-        per_stage.append(c + t + e + x + p)
+            p = 2 * lay.vpp * (sent / pp_bw * f_comm + pp_lat)
+        comp.append(c), hbm.append(a), tps.append(t), eps.append(e), cps.append(x), p2ps.append(p)
+        per_stage.append(c + a + t + e + x + p)
     b = max(range(lay.pp), key=lambda k: per_stage[k])
     nm = lay.n_micro
-    compute_s, tp_s, ep_s, cp_s, p2p_s = nm * comp[b], nm * tps[b], nm * eps[b], nm * cps[b], nm * p2ps[b]
+    compute_s, attn_hbm_s = nm * comp[b], nm * hbm[b]
+    tp_s, ep_s, cp_s, p2p_s = nm * tps[b], nm * eps[b], nm * cps[b], nm * p2ps[b]
     bubble_s = (sum(per_stage) - per_stage[b]) / lay.vpp                # 1F1B fill + drain; interleaved: / v
     dense, expert = stage_params(cfg, b)
     local = dense + expert
     dp_total = dp_exposed_part = 0.0
     fwd_share = 1.0 / (3 + lay.full_recompute[b] / max(lay.stage_layers[b], 1))
     window = comp[b] * (1 - fwd_share) * hw.dp_overlap                  # the last micro-batch's backward
-    if lay.dp > 1:
-        bw, lat = _group_bw(hw, lay.dp * lay.tp * lay.cp, lay.dp)
-        one = (lay.dp - 1) / lay.dp * local * lay.param_bytes / bw * eff_comm + lat
+    dp_sp, edp_sp = spans["DP"], spans["EDP"]
+    dp_bw, dp_lat = topology.ring_link(hw, dp_sp)
+    edp_bw, edp_lat = topology.ring_link(hw, edp_sp)
+
+    def reduce_one(params: float, sp: dict, bw: float, lat: float) -> float:
+        """One pass (reduce-scatter or all-gather) of `params` over group `sp`, exposed-time scaled."""
+        n = sp["size"]
+        return 0.0 if n < 2 or params <= 0 else (n - 1) / n * params * lay.param_bytes / bw * f_comm + lat
+
+    one_dense = reduce_one(dense, dp_sp, dp_bw, dp_lat)
+    one_expert = reduce_one(expert, edp_sp, edp_bw, edp_lat)      # routed experts: over their replicas only
+    one = one_dense + one_expert
+    if one > 0:
         if lay.optimizer_shard == "fsdp":
             # parameters gathered before forward and backward of every micro-batch's layers, gradients
             # reduce-scattered once: prefetched behind the compute of the layer before
@@ -289,32 +326,33 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
             # the parallel optimizer's parameter all-gather comes after the update, before the next forward
             dp_exposed_part = one if lay.optimizer_shard == "po" else 0.0
     dp_s = dp_exposed_part + max(0.0, dp_total - dp_exposed_part - window)
-    sharded = local / (lay.dp if lay.parallel_optimizer else 1)
+    sharded = local / (lay.shard_ranks if lay.parallel_optimizer else 1)
     optimizer_s = sharded * (4 * lay.param_bytes + 16) / hw.hbm_bytes_per_s
-    step = compute_s + tp_s + ep_s + cp_s + p2p_s + bubble_s + dp_s + optimizer_s
+    step = compute_s + attn_hbm_s + tp_s + ep_s + cp_s + p2p_s + bubble_s + dp_s + optimizer_s
     tokens = lay.global_batch * m.seq
     tps_dev = tokens / (step * lay.devices)
     f = flops_per_token(m)
     hw_per_token = hw_flops_total * nm / tokens
-    return {"compute_s": compute_s, "tp_s": tp_s, "ep_s": ep_s, "cp_s": cp_s, "p2p_s": p2p_s, "bubble_s": bubble_s,
-            "dp_s": dp_s, "dp_total_s": dp_total, "dp_hidden_s": dp_total - dp_s, "optimizer_s": optimizer_s,
+    times = {"TP": tp_s, "CP": cp_s, "EP": ep_s, "PP": p2p_s, "DP": 2 * one_dense, "EDP": 2 * one_expert}
+    group_rows = [{"group": k, "size": sp["size"], "span": sp["span"], "nodes": sp["nodes"], "link": sp["link"],
+                   "time_s": times[k]} for k, sp in spans.items()]
+    return {"compute_s": compute_s, "attn_hbm_s": attn_hbm_s, "tp_s": tp_s, "ep_s": ep_s, "cp_s": cp_s,
+            "p2p_s": p2p_s, "bubble_s": bubble_s, "dp_s": dp_s, "dp_total_s": dp_total,
+            "dp_hidden_s": dp_total - dp_s, "optimizer_s": optimizer_s,
             "step_s": step, "tokens_per_s_per_device": tps_dev, "n_params": param_count(m),
             "n_active_params": param_count(m, active=True),
             "mfu_6n": f["6n"] * tps_dev / peak, "mfu_attention": f["palm"] * tps_dev / peak,
             "mfu_hardware": hw_per_token * tps_dev / peak, "peak_flops": peak,
             "per_stage_s": per_stage, "bottleneck_stage": b, "recompute_factor": hw_per_token / f["palm"],
             "global_batch": lay.global_batch, "micro_batches": nm,
-            "moe_capacity_padding": m.moe.slots() / m.moe.top_k if m.moe is not None else 1.0}
+            "moe_capacity_padding": m.moe.slots() / m.moe.top_k if m.moe is not None else 1.0,
+            "groups": group_rows}
 
 
-TERMS = (("compute_s", "compute"), ("tp_s", "TP/SP collectives"), ("ep_s", "MoE all-to-all (EP)"),
+TERMS = (("compute_s", "compute"), ("attn_hbm_s", "attention scores through HBM (no flash attention)"),
+         ("tp_s", "TP/SP collectives"), ("ep_s", "MoE all-to-all (EP)"),
          ("cp_s", "context parallel"), ("p2p_s", "pipeline point-to-point"), ("bubble_s", "pipeline bubble"),
          ("dp_s", "DP reduction, exposed"), ("optimizer_s", "optimizer update"))
-
-
-def _sibling_calibration():
-    from .calibration import CALIBRATION
-    return CALIBRATION
 
 
 # ---------------------------------------------------------------- memory
@@ -333,14 +371,14 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
     for i in range(lay.pp):
         dense, expert = stage_params(cfg, i)
         po = lay.parallel_optimizer
-        fsdp = lay.optimizer_shard == "fsdp" and lay.dp > 1
-        dshard, eshard = (lay.dp, replicas_expert) if po else (1, 1)
+        fsdp = lay.optimizer_shard == "fsdp" and lay.shard_ranks > 1
+        dshard, eshard = (lay.shard_ranks, replicas_expert) if po else (1, 1)
         params = pb * (dense / dshard + expert / eshard) if (po or fsdp) else pb * (dense + expert)
         # gradients: whole, unless sharded over dp: FSDP; or MindSpore's parallel optimizer without
         # accumulation, whose graph reduce-scatters each gradient as the backward produces it and keeps its
         # slice (one layer's whole gradients are alive at a time)
         if fsdp or (po and not accum):
-            grads = pb * (dense / lay.dp + expert / replicas_expert)
+            grads = pb * (dense / lay.shard_ranks + expert / replicas_expert)
             if not fsdp and ids[i]:
                 grads += pb * layer_params(m, ids[i][0]) / lay.tp
         else:
@@ -351,7 +389,7 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
         # gradient-sized copy (counted as grads; sliced over dp with gradient_accumulation_shard)
         buffer = 0
         if accum and lay.shard_accum and po:
-            grads = grads / lay.dp
+            grads = grads / lay.shard_ranks
         inflight = min(lay.pp - i, lay.micro) if lay.pp > 1 else 1
         if lay.vpp > 1 and lay.pp > 1:
             inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)

@@ -131,7 +131,37 @@ class Layout:
 
     @property
     def parallel_optimizer(self) -> bool:
-        return self.optimizer_shard != "none" and self.dp > 1
+        """MindSpore's parallel optimizer shards over every rank that holds the same parameters: dp x cp."""
+        return self.optimizer_shard != "none" and self.dp * self.cp > 1
+
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks the parallel optimizer (or FSDP) splits states over: data and context parallel ranks."""
+        return self.dp * self.cp
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fitted constants, each with one meaning, applied in one direction everywhere (see cost.step_time)."""
+    compute_efficiency: float            # achieved share of the datasheet peak on the matmul FLOPs
+    comm_time_factor: float              # exposed collective time / datasheet time (bytes / link rate on the
+                                         # links the group crosses): multiplies every collective, TP, CP, EP,
+                                         # P2P and DP alike; < 1 when part overlaps compute
+    fitted_on: tuple = ()
+    half_width: float = 0.0              # per-device matmul width at which matmuls reach half their rate
+    attention_efficiency: float = 1.0    # attention's rate relative to the matmuls' (flash attention kernels)
+
+    def row(self) -> dict:
+        return {"compute_efficiency": round(self.compute_efficiency, 4),
+                "comm_time_factor": round(self.comm_time_factor, 4), "half_width": round(self.half_width, 1),
+                "attention_efficiency": round(self.attention_efficiency, 4), "fitted_on": ", ".join(self.fitted_on)}
+
+
+# The values calibration.fit_calibration() returns on the published "fit" rows (tests/test_doctor.py re-fits and
+# compares). Kept here, in the vocabulary every room imports, so cost.py needs no import of calibration.py.
+FIT_FILES = ("r1.2.0_pretrain_llama2_7b.yaml", "r1.6.0_finetune_telechat_39b_a12b.yaml", "r1.3.0_finetune_glm32k.yaml")
+CALIBRATION = Calibration(compute_efficiency=0.6255, comm_time_factor=2.572, fitted_on=FIT_FILES,
+                          half_width=0.0, attention_efficiency=0.8149)
 
 
 _MODEL_NAMES = {"hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "seq", "flash"}

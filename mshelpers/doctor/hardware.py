@@ -15,8 +15,9 @@ _A2_SOURCES = {
             "MindSpore's performance guide quotes 53% MFU for Llama 2 7B at 4820 tokens/s/p, and "
             "6N x 4820 / 376e12 = 52%",
     "hbm": f"memory_bandwidth_bytes_ps 1.6 TiB/s, memory_efficiency 0.6 (msmodeling: 'need to calibrate'); {_MSMODELING}",
-    "intra": f"A2_INTERCONNECT full mesh 196e9 B/s per device, latency 0.5 us; {_MSMODELING}. Read here as 7 links "
-             "of 28e9 B/s (8-NPU full mesh): a collective over n ranks of one node uses n-1 links",
+    "intra": f"A2_INTERCONNECT full mesh 196e9 B/s per device, latency 0.5 us; {_MSMODELING}. Read as the "
+             "per-device bandwidth of a collective over any group inside the node (stored as 7 links of 28e9 B/s); "
+             "the n-1-links reading fits the published figures worse (topology._intra_bw)",
     "inter": f"A2_INTERCONNECT CLOS 25e9 B/s per device (200GE RoCE), latency 1.5 us; {_MSMODELING}",
     "node": "8 NPUs per Atlas 800T A2 node (MindCluster docs, https://www.hiascend.com/document/detail/zh/"
             "mindcluster/730/deployer/deployerug/deployer_0025.html)",
