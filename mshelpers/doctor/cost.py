@@ -335,7 +335,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     hw_per_token = hw_flops_total * nm / tokens
     times = {"TP": tp_s, "CP": cp_s, "EP": ep_s, "PP": p2p_s, "DP": 2 * one_dense, "EDP": 2 * one_expert}
     group_rows = [{"group": k, "size": sp["size"], "span": sp["span"], "nodes": sp["nodes"], "link": sp["link"],
-                   "time_s": times[k]} for k, sp in spans.items()]
+                   "time_s": times[k]} for k, sp in spans.items() if m.moe is not None or k not in ("EP", "EDP")]
     return {"compute_s": compute_s, "attn_hbm_s": attn_hbm_s, "tp_s": tp_s, "ep_s": ep_s, "cp_s": cp_s,
             "p2p_s": p2p_s, "bubble_s": bubble_s, "dp_s": dp_s, "dp_total_s": dp_total,
             "dp_hidden_s": dp_total - dp_s, "optimizer_s": optimizer_s,

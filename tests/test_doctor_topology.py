@@ -1,0 +1,99 @@
+"""Ranks placed on nodes (mshelpers.doctor.topology) and collectives priced on the links they cross: the EP group
+of an r1.x MoE layout is tp ranks apart and crosses nodes, mcore's and 2.x's is consecutive; one comm factor
+multiplies every collective."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from mshelpers import doctor as D
+from mshelpers.doctor import topology as T
+from mshelpers.doctor.describe import Layout
+
+DATA = Path(__file__).parent / "data" / "mindformers"
+A2 = D.hardware("atlas-800t-a2")
+
+
+def test_tp_is_innermost_and_stages_are_contiguous_blocks():
+    lay = Layout(dp=2, tp=4, pp=2, cp=1)
+    g = T.groups(lay, "r1.x")
+    assert g["TP"] == [0, 1, 2, 3] and g["DP"] == [0, 4] and g["PP"] == [0, 8]
+    rows = T.rank_map(lay, "r1.x", 8)
+    assert [(r["node"], r["pp"], r["dp"], r["tp"]) for r in rows[:9:4]] == [(0, 0, 0, 0), (0, 0, 1, 0), (1, 1, 0, 0)]
+
+
+def test_context_parallel_sits_between_tp_and_dp_and_joins_the_gradient_group():
+    lay = Layout(dp=2, tp=2, cp=2)
+    g = T.groups(lay, "mcore")
+    assert g["CP"] == [0, 2] and g["DP"] == [0, 2, 4, 6]
+
+
+@pytest.mark.parametrize("dialect, ep_group", [("r1.x", [0, 8, 16, 24]), ("mcore", [0, 1, 2, 3]),
+                                               ("pynative", [0, 1, 2, 3])])
+def test_the_ep_group_is_carved_where_each_dialect_carves_it(dialect, ep_group):
+    lay = Layout(dp=4, tp=8, pp=2, ep=4)                      # DeepSeek-V2's r1.3.0 layout
+    assert T.groups(lay, dialect)["EP"] == ep_group
+    sp = T.span(ep_group, 8)
+    assert sp["nodes"] == (4 if dialect == "r1.x" else 1)
+
+
+def test_an_all_to_all_over_nodes_costs_the_inter_node_link():
+    inside, across = T.span([0, 1, 2, 3], 8), T.span([0, 8, 16, 24], 8)
+    b = 1e9
+    assert T.all_to_all_time(A2, inside, b) == pytest.approx(0.75 * b / (A2.intra_link_bytes_per_s * 7))
+    assert T.all_to_all_time(A2, across, b) == pytest.approx(0.75 * b / A2.inter_bytes_per_s)
+    mixed = T.span([0, 4, 8, 12], 8)                          # 2 ranks per node on 2 nodes: the inter part binds
+    assert mixed["link"] == "intra+inter"
+    assert T.all_to_all_time(A2, mixed, b) == pytest.approx(0.5 * b / A2.inter_bytes_per_s)
+    bw, _ = T.ring_link(A2, mixed)
+    assert bw == min(A2.inter_bytes_per_s, A2.intra_link_bytes_per_s * 7)
+
+
+def test_deepseek_v2s_ep_time_follows_the_nodes_its_group_crosses():
+    cfg = D.read_config(DATA / "r1.3.0_finetune_deepseek2_236B.yaml")
+    st = D.step_time(cfg, A2)
+    ep = next(g for g in st["groups"] if g["group"] == "EP")
+    assert (ep["size"], ep["nodes"], ep["link"]) == (4, 4, "inter-node")
+    same = dataclasses.replace(cfg, dialect="mcore")          # the same layout placed as mcore places it
+    st2 = D.step_time(same, A2)
+    assert next(g for g in st2["groups"] if g["group"] == "EP")["nodes"] == 1
+    assert st["ep_s"] > 5 * st2["ep_s"] and st2["ep_s"] > 0
+
+
+def test_one_comm_factor_multiplies_every_collective():
+    for name in ("r1.3.0_finetune_deepseek2_236B.yaml", "r1.2.0_pretrain_llama2_70b.yaml"):
+        cfg = D.read_config(DATA / name)
+        lo = D.step_time(cfg, A2, dataclasses.replace(D.CALIBRATION, comm_time_factor=1.0))
+        hi = D.step_time(cfg, A2, dataclasses.replace(D.CALIBRATION, comm_time_factor=2.0))
+        for k in ("tp_s", "ep_s", "p2p_s", "dp_total_s"):
+            if lo[k] > 0:
+                assert hi[k] > 1.5 * lo[k], (name, k)
+        assert hi["compute_s"] == lo["compute_s"]
+
+
+def test_without_flash_attention_the_scores_cross_hbm():
+    cfg = D.read_config(DATA / "r1.2.0_pretrain_llama2_7b.yaml")
+    noflash = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, flash=False))
+    assert D.step_time(cfg, A2)["attn_hbm_s"] == 0
+    a = D.step_time(noflash, A2)["attn_hbm_s"]
+    lay, m = cfg.layout, cfg.model
+    scores = lay.batch * m.heads * m.seq * m.seq * 2 * lay.n_micro
+    assert a == pytest.approx(scores * (12 * m.layers + 4 * lay.full_recompute[0]) / A2.hbm_bytes_per_s)
+
+
+def test_expert_matmuls_run_at_their_own_shard_width():
+    cfg = D.read_config(DATA / "r1.3.0_finetune_deepseek2_236B.yaml")
+    c = dataclasses.replace(D.CALIBRATION, half_width=500.0)
+    wide = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, moe=dataclasses.replace(cfg.model.moe, expert_ffn=cfg.model.moe.expert_ffn)))
+    narrow = D.step_time(cfg, A2, c)["compute_s"]
+    # the same FLOPs priced at h/tp (the old rule) would be faster: the experts are 1536/8 = 192 wide
+    rate = lambda w: w / (w + 500.0)
+    assert rate(1536 / 8) < rate(cfg.model.hidden / 8)
+    assert narrow > D.step_time(wide, A2, dataclasses.replace(c, half_width=0.0))["compute_s"]
+
+
+def test_parallel_optimizer_shards_over_dp_times_cp():
+    lay = Layout(dp=1, cp=4, optimizer_shard="po")
+    assert lay.parallel_optimizer and lay.shard_ranks == 4
+    assert not Layout(dp=1, cp=1, optimizer_shard="po").parallel_optimizer
