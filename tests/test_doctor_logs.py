@@ -349,12 +349,14 @@ def test_steady_step_time_leaves_out_warmup_and_slow_steps():
 
 def test_measured_throughput_and_mfu():
     recs = [{"step": i, "line": i, "per_step_time_s": t, "samples_per_s_p": 64 / 8 / t}
-            for i, t in enumerate([3.0, 2.0, 2.0, 2.0, 2.0], start=1)]
+            for i, t in enumerate([3.0, 2.0, 2.0, 2.0, 2.0, 2.0], start=1)]   # 5 steady: no short-log note
     out = dl.measured_throughput(recs, global_batch=64, seq_len=4096, devices=8)
     assert out["tokens_per_s_per_device"] == 64 * 4096 / (2.0 * 8) == 16384
     assert out["log_tokens_per_s_per_device"] == pytest.approx(16384) and not out["notes"]
     wrong = dl.measured_throughput(recs, global_batch=32, seq_len=4096, devices=8)
-    assert wrong["notes"]                                   # the log's own figure disagrees
+    assert len(wrong["notes"]) == 1 and "differs" in wrong["notes"][0]   # the log's own figure disagrees
+    short = dl.measured_throughput(recs, global_batch=64, seq_len=4096, devices=8, skip=2)   # skip reaches it
+    assert short["step_time"]["skipped_warmup"] == 2 and short["notes"][0].startswith("only 4 steady steps")
     m = dl.mfu_from_log(16384, n_params=7e9, layers=32, heads=32, head_dim=128, seq_len=4096,
                         peak_flops=280e12, hardware_flops_per_token=8 * 7e9)
     assert m["mfu_6n"] == pytest.approx(16384 * 6 * 7e9 / 280e12)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
-from .calibration import Calibration
-from .cost import flops_per_token
+from .cost import flops_per_token, step_time
 from .describe import DoctorError
 from . import logs as _logs  # noqa: F401  (imported here so measured_run finds it)
 from .report import diagnose, render_text, summary_json, write_outputs
@@ -15,17 +15,18 @@ from .search import better_layouts
 def measured_run(r: dict, log_path: str, *, refit: bool = False, skip: int | None = None) -> dict:
     """A training log (mindformers' or the cookbook's metrics.csv) against the diagnosis `r`: measured
     tokens/s/p at the steady median, MFU in the three conventions against the profile's datasheet peak, the
-    prediction error; with `refit`, the compute efficiency re-fitted on this run and the top layouts re-ranked."""
+    prediction error; with `refit`, the compute efficiency re-fitted on this run (every other constant kept)
+    and the top layouts re-ranked. `skip`: leading steps left out as warm-up (default max(1, 10%))."""
     logs = _logs
     cfg, st, hw = r["config"], r["step"], r["hardware"]
     lay, m = cfg.layout, cfg.model
     try:
         got = logs.read_training_log(log_path)
-        steady = logs.steady_step_time(got["steps"], skip=skip)
         thr = logs.measured_throughput(got["steps"], global_batch=lay.global_batch, seq_len=m.seq,
-                                       devices=lay.devices)
+                                       devices=lay.devices, skip=skip)
     except logs.LogError as e:
         raise DoctorError("--log", log_path, str(e).split("fix: ", 1)[-1]) from None
+    steady = thr["step_time"]
     measured = thr["tokens_per_s_per_device"]
     f = flops_per_token(m)
     peak = st["peak_flops"]
@@ -34,6 +35,7 @@ def measured_run(r: dict, log_path: str, *, refit: bool = False, skip: int | Non
     out = {"path": str(log_path), "format": got["format"], "notes": got.get("notes", []) + thr["notes"],
            "n_steps": len(got["steps"]), "n_used": steady["steps_used"],
            "n_skipped": steady["skipped_warmup"] + steady["skipped_slow"],
+           "n_warmup": steady["skipped_warmup"], "n_slow": steady["skipped_slow"],
            "measured_step_s": steady["median_s"], "measured_tokens_per_s_per_device": measured,
            "measured_q1": lo, "measured_q3": hi,
            "logged_tokens_per_s_per_device": thr.get("log_tokens_per_s_per_device"),
@@ -44,19 +46,64 @@ def measured_run(r: dict, log_path: str, *, refit: bool = False, skip: int | Non
            "peak_source": f"{lay.compute_dtype} peak of {hw.name}"}
     if refit:
         cal = r["calibration"]
-        rest = st["step_s"] - st["compute_s"]
-        if steady["median_s"] <= rest:
-            raise DoctorError("--refit", f"{steady['median_s']:.4f} s", f"a measured step longer than the "
-                              f"non-compute terms ({rest:.4f} s): check --devices and the YAML's batch")
-        eff = cal.compute_efficiency * st["compute_s"] / (steady["median_s"] - rest)
-        new = Calibration(eff, cal.comm_time_factor, fitted_on=(str(log_path),))
+        eff = refit_efficiency(cfg, hw, cal, measured)
+        # replace, not a new Calibration: half_width, attention_efficiency, comm_time_factor (and whatever
+        # constant is added later) stay as fitted; only the compute efficiency and the fit set change
+        new = replace(cal, compute_efficiency=eff, fitted_on=(str(log_path),))
+        again = step_time(cfg, hw, new)["tokens_per_s_per_device"]
+        if eff > 1:
+            out["notes"].append(f"the refit puts the compute efficiency at {eff:.2f} of the datasheet peak (> 1 is "
+                                "impossible): check --devices, --hardware and the YAML's global batch and seq_len "
+                                "against the run")
         before = r["layouts"] or better_layouts(cfg, hw, calib=cal)
         after = better_layouts(cfg, hw, calib=new)
-        out["refit"] = {"compute_efficiency": eff, "was": cal.compute_efficiency,
+        out["refit"] = {"compute_efficiency": eff, "was": cal.compute_efficiency, "calibration": new.row(),
+                        "predicted_tokens_per_s_per_device": again, "error": again / measured - 1,
                         "before": [f"{x['layout']} ({x['tokens_per_s_per_device']})" for x in before],
                         "after": [f"{x['layout']} ({x['tokens_per_s_per_device']})" for x in after]}
         out["refit_layouts"] = after
+        out["refit_calibration"] = new
     return out
+
+
+def refit_efficiency(cfg, hw, cal, measured: float, rel_tol: float = 1e-4) -> float:
+    """The compute efficiency at which the model, all other constants of `cal` kept, predicts `measured`
+    tokens/s/p for `cfg` on `hw`.
+
+    Not a one-line ratio: the pipeline bubble is other stages' compute, and the window that hides the DP
+    reduction is backward compute, so the non-compute terms move with the efficiency too. The predicted
+    step is increasing in x = 1 / efficiency (compute grows as x, the exposed DP time shrinks no faster), so
+    false position on x inside a bracket (Illinois: an end kept twice has its value halved, so neither end
+    sticks) finds it in a few steps; the answer predicts `measured` within rel_tol.
+    """
+    def miss(x: float) -> float:             # measured / predicted - 1 = predicted step / measured step - 1
+        return measured / step_time(cfg, hw, replace(cal, compute_efficiency=1 / x))["tokens_per_s_per_device"] - 1
+
+    floor = miss(1e-9)                       # the step with compute free: what the other terms take alone
+    if floor >= 0:
+        pred = step_time(cfg, hw, replace(cal, compute_efficiency=1e9))["tokens_per_s_per_device"]
+        raise DoctorError("--refit", f"{measured:.0f} tokens/s/p", f"a run slower than the non-compute terms "
+                          f"alone allow ({pred:.0f} tokens/s/p at free compute): check --devices, --hardware "
+                          "and the YAML's batch against the run")
+    x = 1 / cal.compute_efficiency
+    fx = miss(x)
+    lo, f_lo, hi, f_hi = 0.0, floor, x, fx
+    while f_hi < 0:                          # widen until the measured step lies inside [lo, hi]
+        lo, f_lo, hi = hi, f_hi, hi * 2
+        f_hi = miss(hi)
+    kept = 0
+    for _ in range(100):
+        if abs(fx) < rel_tol:
+            break
+        x = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
+        fx = miss(x)
+        if fx < 0:
+            lo, f_lo = x, fx
+            f_hi, kept = (f_hi / 2 if kept < 0 else f_hi), -1
+        else:
+            hi, f_hi = x, fx
+            f_lo, kept = (f_lo / 2 if kept > 0 else f_lo), 1
+    return 1 / x
 
 
 def main(argv: list[str] | None = None) -> int:

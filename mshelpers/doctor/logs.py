@@ -380,13 +380,18 @@ def _check_times(records: list[dict]) -> None:
             raise LogError("per_step_time_s", f"{t} at step {r.get('step')} (line {r.get('line')})", why)
 
 
+# Fewer steady steps than this and the median is one or two steps' luck (a log cut short after compiling):
+# it is still scored, with a one-line note saying so.
+MIN_STEADY = 5
+
+
 def steady_step_time(records: list[dict], skip: int | None = None) -> dict:
     """Median step time over the steady steps, with quartiles and what was left out.
 
     Leaves out the first `skip` steps (default max(1, 10% of them): compile and warm-up), then any step
     slower than 3x the median of the rest (a checkpoint save, an evaluation, a hiccup).
     Returns median_s, q1_s, q3_s, steps_used, skipped_warmup, skipped_slow, first_step_s (the compile
-    step), used (the step numbers used).
+    step), used (the step numbers used), notes (one line when fewer than MIN_STEADY steps are used).
     """
     _check_times(records)
     n = len(records)
@@ -401,9 +406,15 @@ def steady_step_time(records: list[dict], skip: int | None = None) -> dict:
     cut = 3 * statistics.median(r["per_step_time_s"] for r in rest)
     used = [r for r in rest if r["per_step_time_s"] <= cut]
     q1, med, q3 = _quartiles([r["per_step_time_s"] for r in used])
+    notes = []
+    if len(used) < MIN_STEADY:
+        slow = f" and {len(rest) - len(used)} slower than 3x the median" if len(rest) > len(used) else ""
+        notes.append(f"only {len(used)} steady step{'s' if len(used) != 1 else ''} of {n} after leaving out "
+                     f"{skip} warm-up{slow}: fewer than {MIN_STEADY}, so the measured figure is not a steady "
+                     "median; train longer or log every step (per_print_times: 1)")
     return {"median_s": med, "q1_s": q1, "q3_s": q3, "steps_used": len(used), "skipped_warmup": skip,
             "skipped_slow": len(rest) - len(used), "first_step_s": records[0]["per_step_time_s"],
-            "used": [r["step"] for r in used]}
+            "used": [r["step"] for r in used], "notes": notes}
 
 
 def _positive(name: str, v: Any) -> float:
@@ -412,21 +423,23 @@ def _positive(name: str, v: Any) -> float:
     return float(v)
 
 
-def measured_throughput(records: list[dict], *, global_batch: int, seq_len: int, devices: int) -> dict:
+def measured_throughput(records: list[dict], *, global_batch: int, seq_len: int, devices: int,
+                        skip: int | None = None) -> dict:
     """tokens/s/p at the steady median step time: global_batch * seq_len / (step_time * devices), with
     the range from the quartiles, and beside it the log's own figure when it printed one:
     MFLossMonitor's samples/s/p x seq_len, metrics.csv's tokens_per_s / devices, and the model TFLOP/s per
-    device (train_throughput_per_npu / throughput), medians over the same steps.
+    device (train_throughput_per_npu / throughput), medians over the same steps. `skip` as in
+    steady_step_time, whose result is under "step_time" and whose notes start "notes".
     """
     for name, v in (("global_batch", global_batch), ("seq_len", seq_len), ("devices", devices)):
         _positive(name, v)
-    steady = steady_step_time(records)
+    steady = steady_step_time(records, skip=skip)
     tokens = global_batch * seq_len
     per = lambda t: tokens / (t * devices)  # noqa: E731
     out = {"tokens_per_s_per_device": per(steady["median_s"]),
            "tokens_per_s_per_device_range": (per(steady["q3_s"]), per(steady["q1_s"])),
            "step_time": steady, "log_tokens_per_s_per_device": None, "log_model_tflops_per_device": None,
-           "notes": []}
+           "notes": list(steady["notes"])}
     used = set(steady["used"])
     pick = lambda key: [r[key] for r in records  # noqa: E731
                         if r["step"] in used and isinstance(r.get(key), (int, float)) and r[key] == r[key]]

@@ -73,10 +73,29 @@ def summary_json(r: dict) -> dict:
            "layout": {k: v for k, v in cfg.layout_dict().items() if k != "select_recompute"},
            "hardware": r["hardware"].name, "terms_s": {k: st[k] for k, _ in TERMS},
            "best_layout": r["layouts"][0]["layout"] if r["layouts"] else None, "best_gain": r["best_gain"],
-           "verdict": r["verdict"], "notes": list(cfg.notes)}
+           "verdict": r["verdict"], "notes": list(cfg.notes), "groups": comm_groups(st)}
     if r.get("log"):
-        out["log"] = {k: v for k, v in r["log"].items() if k not in ("records", "refit_layouts")}
+        skip = ("records", "refit_layouts", "refit_calibration")      # objects; the refit's figures are in "refit"
+        out["log"] = {k: v for k, v in r["log"].items() if k not in skip}
     return out
+
+
+def comm_groups(st: dict) -> list[dict]:
+    """The step's communication groups of more than one rank (cost.step_time's "groups": group, size, span,
+    nodes, link, time_s); [] when the cost model does not place ranks."""
+    return [dict(g) for g in st.get("groups", []) if g.get("size", 0) > 1]
+
+
+def _span(g: dict) -> str:
+    """A group's span as printed: its own text, else its device ids (first and last few when many)."""
+    if g.get("span"):
+        return str(g["span"])
+    devs = list(g.get("devices", []))
+    if not devs:
+        return "?"
+    shown = ", ".join(map(str, devs)) if len(devs) <= 8 else \
+        ", ".join(map(str, devs[:4])) + ", ..., " + ", ".join(map(str, devs[-2:]))
+    return f"devices {shown}"
 
 
 def _model_line(cfg: Any) -> str:
@@ -132,8 +151,17 @@ def render_text(r: dict) -> str:
         elif k == "bubble_s":
             label = f"pipeline bubble (1F1B fill/drain{', / VPP ' + str(lay.vpp) if lay.vpp > 1 else ''})"
         L.append(f"| {label} | {st[k]:.3f} | {st[k] / st['step_s']:.1%} |")
-    L += [f"| **step** | **{st['step_s']:.3f}** | 100% |", "",
-          f"tokens/s per device: **{st['tokens_per_s_per_device']:.0f}**", "",
+    L += [f"| **step** | **{st['step_s']:.3f}** | 100% |", ""]
+    groups = comm_groups(st)
+    if groups:      # where each collective runs: a group that leaves its node is priced on the slower link
+        L += ["Communication groups (each group of more than one rank, the links its collective crosses):", "",
+              "| group | size | span | nodes | link | s |", "|---|---|---|---|---|---|"]
+        for g in groups:
+            t = g.get("time_s")
+            L.append(f"| {g.get('group', '?')} | {g['size']} | {_span(g)} | {g.get('nodes', '?')} | "
+                     f"{g.get('link', '?')} | {'' if t is None else f'{t:.3f}'} |")
+        L.append("")
+    L += [f"tokens/s per device: **{st['tokens_per_s_per_device']:.0f}**", "",
           f"## MFU against {st['peak_flops'] / 1e12:.1f} TFLOPS ({lay.compute_dtype} peak of {hw.name})", "",
           "| convention | MFU % |", "|---|---|",
           f"| 6N (Kaplan; N = active parameters) | {st['mfu_6n']:.1%} |",
@@ -158,9 +186,10 @@ def render_text(r: dict) -> str:
 
 
 def _log_section(lg: dict) -> list[str]:
+    slow = f", {lg['n_slow']} slower than 3x the median" if lg.get("n_slow") else ""
     L = ["## Your run (--log)", "",
          f"Read {lg['n_steps']} steps from {lg['path']} ({lg['format']}); steady steps used: {lg['n_used']} "
-         f"(first {lg['n_skipped']} left out).", "",
+         f"(left out: the first {lg.get('n_warmup', lg['n_skipped'])} as warm-up{slow}).", "",
          "| | tokens/s/p | MFU 6N | MFU with attention | MFU hardware |", "|---|---|---|---|---|",
          f"| measured (median of steady steps) | {lg['measured_tokens_per_s_per_device']:.0f} | {lg['mfu_6n']:.1%} | "
          f"{lg['mfu_attention']:.1%} | {lg['mfu_hardware']:.1%} |",
@@ -168,10 +197,17 @@ def _log_section(lg: dict) -> list[str]:
          f"Prediction error: **{lg['error']:+.1%}** (predicted / measured - 1), measured quartiles "
          f"{lg['measured_q1']:.0f}-{lg['measured_q3']:.0f} tokens/s/p; MFU against {lg['peak_flops'] / 1e12:.1f} "
          f"TFLOPS ({lg['peak_source']}).", ""]
+    if lg.get("notes"):     # every note --json carries: a wrong batch or a short log must not warn in JSON only
+        L += ["Notes on the log:", ""] + [f"- {n}" for n in lg["notes"]] + [""]
     if lg.get("refit"):
         rf = lg["refit"]
+        c = rf.get("calibration", {})
+        kept = (f"; kept: comm time factor {c['comm_time_factor']}, half width {c['half_width']}, attention "
+                f"{c['attention_efficiency']}" if c else "")
         L += [f"Re-fitted on this run (the fit set: {lg['path']}): compute efficiency {rf['compute_efficiency']:.4f} "
-              f"(was {rf['was']:.4f}). Top layouts before and after:", "",
+              f"(was {rf['was']:.4f}){kept}. The refitted model predicts "
+              f"{rf['predicted_tokens_per_s_per_device']:.0f} tokens/s/p for this run ({rf['error']:+.2%}). "
+              "Top layouts before and after:", "",
               "| rank | before | after |", "|---|---|---|"]
         for i in range(max(len(rf["before"]), len(rf["after"]))):
             b = rf["before"][i] if i < len(rf["before"]) else ""
