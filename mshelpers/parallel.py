@@ -372,7 +372,7 @@ REFERENCE_HARDWARE: dict[str, Hardware] = {
     # profile (mshelpers/doctor/hardware.py): one Ascend table, checked equal by tests/test_comm_pipeline.py
     "ascend-910b": Hardware(
         peak_flops_per_device=376e12, intra_node_bytes_per_s=196e9, inter_node_bytes_per_s=25e9,
-        devices_per_node=8, compute_efficiency=0.7124,
+        devices_per_node=8, compute_efficiency=0.6255,
         name="Huawei Ascend 910B (Atlas 800T A2, 376T bin: HCCS full mesh + RoCE)",
         sources=(("peak_flops_per_device", "Huawei Ascend/msmodeling device profile ATLAS_800_A2_376T_64G, FP16 376 "
                   "TFLOPS (BF16 353.9; tensor_cast/device.py, commit 1e5a50b1, https://github.com/Ascend/msmodeling/"
