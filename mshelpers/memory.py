@@ -16,26 +16,26 @@ Example:
     >>> memory.fits(RunConfig.preset("mini"), 2**30)
     True
 
-Real configs (mindformers' published Llama 2 pre-training YAMLs):
+Real configs (mindformers' published Llama 2 pre-training YAMLs) are priced by the config doctor, the one
+cost model for a model on a layout (mshelpers/doctor/, copied beside this file as its folder):
     >>> e = memory.estimate_from_mindformers_yaml(
     ...     "tests/data/mindformers/pretrain_llama2_7b.yaml")                # doctest: +SKIP
-    >>> e["layout"], round(e["total"] / 2**30, 1), e["budget"] // 2**30, e["fits"]  # doctest: +SKIP
-    ('dp8-mp1-pp1', 52.2, 58, True)
+    >>> e["layout"], e["budget"] // 2**30, e["fits"]                         # doctest: +SKIP
+    ('dp8-mp1-pp1', 58, True)
 
 All sizes are bytes. Pure Python: nothing here imports MindSpore except
-`measure_peak`, which runs a function in a fresh process and reads its peak, and
-the only third-party import is pyyaml, inside `estimate_from_mindformers_yaml`.
+`measure_peak`, which runs a function in a fresh process and reads its peak.
 The module imports nothing from its siblings at load time, so it can be copied alone.
 
 What the estimator covers, and where each term is defined:
-- `activation_bytes_per_layer`: Korthikanti's count, plus flash attention, grouped-query
-  attention, mindformers' LLaMA block (SwiGLU, no dropout, its select_recompute).
+- `activation_bytes_per_layer`, `output_activation_bytes`: Korthikanti's count, plus flash
+  attention, grouped-query attention, mindformers' LLaMA block (SwiGLU, no dropout, its
+  select_recompute). The doctor's `memory_per_stage` prices every layer with these two.
 - `model_state_breakdown`: ZeRO stages, MindSpore's parallel optimizer, and mindformers'
   FP32StateAdamWeightDecay ("fp32_states": 16-bit weights and grads, fp32 Adam states).
-- `estimate_stage`: one device of one pipeline stage: per-stage full/selective recompute
-  layer counts, 1F1B in-flight micro-batches, gradient accumulation buffers.
-- `estimate` (a RunConfig) and `estimate_from_mindformers_yaml` (a mindformers YAML) both
-  price their devices with `estimate_stage`.
+- `estimate_stage`, `estimate`: one device of one pipeline stage for a RunConfig or any object with
+  the fields (the cookbook's own models, whose measured peaks `calibrate` fits it to; notebooks 06, 11).
+- `estimate_from_mindformers_yaml`: a mindformers file, priced by the doctor (`doctor.memory_per_stage`).
 
 Sources:
 - Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
@@ -62,7 +62,7 @@ import numbers
 import os
 from collections.abc import Mapping
 from fractions import Fraction
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -333,8 +333,8 @@ def estimate_stage(*, stage_params: int, layers: int, seq_len: int, micro_batch:
                    n_params: int | None = None) -> dict[str, int]:
     """Peak training memory of one device holding one pipeline stage, as a breakdown dict (bytes).
 
-    The building block of `estimate` (RunConfig) and `estimate_from_mindformers_yaml`; call it
-    directly to price one stage of any layout, e.g. from a pipeline simulator. Fields:
+    The building block of `estimate` (RunConfig); call it directly to price one stage of any layout,
+    e.g. from a pipeline simulator. Fields:
       stage_params            parameters on this device before dp sharding (its stage's layers,
                               embedding and/or lm_head, already divided by tp)
       layers                  transformer layers on this stage
@@ -531,220 +531,38 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
         overhead_bytes=overhead_bytes, n_params=n_params)
 
 
-# ---------------------------------------------------------------- mindformers configs
-_SIZE_UNITS = {"B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
+# ---------------------------------------------------------------- mindformers configs: the doctor's price
+def estimate_from_mindformers_yaml(path: Any, *, budget_bytes: float | None = None, model_config: Any = None,
+                                   hardware: str = "atlas-800t-a2") -> dict[str, Any]:
+    """Per-device training memory of a mindformers training file against its budget, as the config doctor
+    prices it: `doctor.read_config` (every dialect mindformers ships: r1.x, mcore with a config.json, 2.x
+    PyNative; dense and MoE) and `doctor.memory_per_stage`, the figures `python -m mshelpers.doctor FILE`
+    prints. `path` is a YAML file or its parsed dict; `model_config` a Hugging Face config.json (or its folder)
+    for the keys the file leaves to pretrained_model_dir. Budget: `budget_bytes`, else context.max_device_memory,
+    else the memory of the doctor's `hardware` profile (the CLI's rule).
 
-
-def parse_memory_size(text: Any) -> int:
-    """Bytes in a MindSpore memory size such as context.max_device_memory "58GB".
-
-    MindSpore reads "GB" as 1024³ bytes (max_device_memory's format is "xxGB"), so "58GB" is
-    58 GiB = 62,277,025,792 bytes. KB, MB, TB, the "GiB" spellings and plain numbers of bytes
-    are accepted too.
-
-        >>> parse_memory_size("58GB"), parse_memory_size("0.5 GB")
-        (62277025792, 536870912)
-    """
-    import re
-    if isinstance(text, (int, float)) and not isinstance(text, bool) and text > 0:
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B)\s*", str(text), flags=re.IGNORECASE)
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"parse_memory_size: {text!r} is not a memory size; fix: write it as MindSpore "
-                         "does, e.g. \"58GB\"")
-    return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2).upper() + "B") if m.group(2) else "B"])
-
-
-def mindformers_ffn_size(hidden_size: int, multiple_of: int = 256, ffn_dim_multiplier: float | None = None,
-                         intermediate_size: int | None = None) -> int:
-    """SwiGLU width of mindformers' LlamaFeedForward (mindformers/models/llama/llama_layer.py).
-
-    intermediate_size if given; else, from f = 4h: f = int((ffn_dim_multiplier + 0.01)·f) if a
-    multiplier is given, then int(2·f/3), rounded up to a multiple of `multiple_of`. (The + 0.01
-    is mindformers' own: with multiple_of 256 it gives LLaMA-2 70B's 28672, which Meta's code
-    reaches with multiple_of 4096.)
-
-        >>> mindformers_ffn_size(4096), mindformers_ffn_size(5120), mindformers_ffn_size(8192, 256, 1.3)
-        (11008, 13824, 28672)
-    """
-    if intermediate_size:
-        return int(intermediate_size)
-    f = 4 * hidden_size
-    if ffn_dim_multiplier is not None:
-        f = int((ffn_dim_multiplier + 0.01) * f)
-    f = int(2 * f / 3)
-    return multiple_of * ((f + multiple_of - 1) // multiple_of)
-
-
-def _stage_counts(value: Any, layers: list[int], name: str) -> list[int]:
-    """Per-stage layer counts from a mindformers recompute_config entry."""
-    pp = len(layers)
-    if value is None or value is False:
-        return [0] * pp
-    if value is True:
-        return list(layers)
-    if isinstance(value, int):
-        return [min(value, n) for n in layers]
-    if isinstance(value, dict):          # {op pattern: True | per-stage list}: a layer counts if any op does
-        per = [_stage_counts(v, layers, name) for v in value.values()]
-        return [max(col) for col in zip(*per)] if per else [0] * pp
-    if isinstance(value, (list, tuple)):
-        if all(isinstance(v, str) for v in value):     # op-name patterns: every layer
-            return list(layers) if value else [0] * pp
-        if len(value) == pp and all(isinstance(v, (bool, int)) for v in value):
-            return [n if v is True else 0 if v is False else min(int(v), n) for v, n in zip(value, layers)]
-    raise ValueError(f"estimate_from_mindformers_yaml: recompute_config.{name}={value!r} is not understood; "
-                     f"fix: use a bool, a list of {pp} per-stage layer counts, op patterns, or a dict of those "
-                     "(pipeline interleave lists of lists are not supported)")
-
-
-def estimate_from_mindformers_yaml(path: Any, *, overhead_bytes: float = 0,
-                                   in_flight_micro_batches: list[int] | int | None = None,
-                                   budget_bytes: float | None = None) -> dict[str, Any]:
-    """Per-device training memory of a mindformers LLaMA training YAML, against its budget.
-
-    `path` is a YAML file (read with pyyaml; MindSpore is not imported) or the parsed dict.
-    Fields read, with mindformers' names and the defaults used when a field is absent:
-      model.model_config   seq_length, hidden_size, num_layers, num_heads, n_kv_heads (GQA; also
-                           num_kv_heads), vocab_size, intermediate_size or multiple_of (256) and
-                           ffn_dim_multiplier (SwiGLU width, see `mindformers_ffn_size`),
-                           compute_dtype (activation width), param_init_type (weight and gradient
-                           width), use_flash_attention (False), offset (0 or a per-stage list)
-      parallel_config      data_parallel, model_parallel, pipeline_stage (1), use_seq_parallel
-                           (False), micro_batch_num (1), vocab_emb_dp (True: the embedding is not
-                           split over model_parallel)
-      parallel             enable_parallel_optimizer (False), parallel_optimizer_config.
-                           gradient_accumulation_shard (False)
-      recompute_config     recompute and select_recompute: a bool, per-stage layer counts, op
-                           patterns or a dict of them (full wins where both apply)
-      optimizer.type       FP32StateAdamWeightDecay and other Adam types: 8 bytes of fp32 states
-                           per parameter (plain AdamWeightDecay with 16-bit weights keeps 16-bit
-                           states, so 8 is an upper bound there); SGD/Momentum types: 4
-      runner_config        batch_size (the per-data-parallel micro-batch: mindformers' global batch
-                           is batch_size·data_parallel·micro_batch_num·gradient_accumulation_steps),
-                           gradient_accumulation_steps (1)
-      context              max_device_memory, e.g. "58GB" (see `parse_memory_size`)
-    Each pipeline stage i is priced with `estimate_stage` (arch "llama"): its layers (L/pp +
-    offset), the embedding on stage 0 and lm_head + logits on the last, min(pp - i, m)
-    micro-batches in flight under 1F1B (or `in_flight_micro_batches`: one number for every
-    stage, or a list per stage, e.g. from a pipeline simulator), and its own recompute counts.
-    Gradients are 16-bit like the weights; a gradient-sized accumulation buffer is added when
-    gradient_accumulation_steps > 1 or when the pipeline accumulates micro-batches (pp > 1).
-    Read but simplified or not modelled: micro_batch_interleave_num and fine_grain_interleave
-    (ignored), select_comm_recompute (the sequence-parallel all-gathers are assumed re-gathered),
-    layernorm_compute_type float32 (norm inputs counted at 16 bits), the full weights that the
-    parallel optimizer all-gathers and keeps for backward when parallel_optimizer_comm_recompute
-    is off, HCCL buffers, workspace and fragmentation (`overhead_bytes` adds a constant).
-    Counting both the gradients and the accumulation buffer whole is on the safe side.
-
-    Returns the breakdown of the stage with the largest total (keys of `estimate_stage`), plus:
-    stage (its index), per_stage_totals, n_params (whole model), devices (dp·mp·pp), layout
-    (e.g. "dp8-mp1-pp1"), dp, tp, pp, micro_batch_num, micro_batch, grad_accum_steps, optimizer,
-    parallel_optimizer, budget (bytes, None without max_device_memory), fits (total <= budget,
-    None without a budget), headroom (budget - total), source.
-
-    Sources: Korthikanti et al. 2022 (activations), Rajbhandari et al. 2020 (ZeRO: states
-    sliced over data parallel), Narayanan et al. 2021 (1F1B in-flight micro-batches), and the
-    mindformers documentation: configuration (parallel_config, recompute_config), the Llama 2
-    performance-tuning notes (select_recompute of SiLU and Mul) and LlamaConfig.
+    Returns the largest stage's breakdown, params, grads, optimizer_states, activations, grad_accum_buffer and
+    total, plus: stage (its index), per_stage_totals, n_params (whole model), devices, layout (e.g.
+    "dp8-mp1-pp1"), dp, tp, pp, micro_batch_num, micro_batch, grad_accum_steps, parallel_optimizer, budget,
+    fits, headroom, source, and config (the doctor's Config: model and layout as read).
 
         >>> e = estimate_from_mindformers_yaml("tests/data/mindformers/pretrain_llama2_7b.yaml")  # doctest: +SKIP
         >>> e["layout"], e["fits"]                                                                # doctest: +SKIP
         ('dp8-mp1-pp1', True)
     """
-    fn = "estimate_from_mindformers_yaml"
-    if isinstance(path, dict):
-        d, source = path, "<dict>"
-    else:
-        import yaml
-        with open(path) as f:
-            d = yaml.safe_load(f)
-        source = str(path)
-    try:
-        mc = d["model"]["model_config"]
-    except (KeyError, TypeError):
-        raise ValueError(f"{fn}: {source} has no model.model_config; fix: pass a mindformers training YAML") from None
-    pc, par = d.get("parallel_config") or {}, d.get("parallel") or {}
-    rc, rn, ctx = d.get("recompute_config") or {}, d.get("runner_config") or {}, d.get("context") or {}
-
-    def need(section: dict, key: str, where: str, default: Any = None) -> Any:
-        v = section.get(key, default)
-        if v is None:
-            raise ValueError(f"{fn}: {where}.{key} is missing in {source}; fix: set it in the YAML")
-        return v
-
-    h, L = need(mc, "hidden_size", "model.model_config"), need(mc, "num_layers", "model.model_config")
-    a, V = need(mc, "num_heads", "model.model_config"), need(mc, "vocab_size", "model.model_config")
-    s = need(mc, "seq_length", "model.model_config")
-    kv = mc.get("n_kv_heads") or mc.get("num_kv_heads") or a
-    ffn = mindformers_ffn_size(h, mc.get("multiple_of") or 256, mc.get("ffn_dim_multiplier"),
-                               mc.get("intermediate_size"))
-    half = ("float16", "bfloat16", "fp16", "bf16")
-    pb = 2 if str(mc.get("param_init_type", "float32")) in half else 4
-    bpv = 2 if str(mc.get("compute_dtype", "float16")) in half else 4
-    flash = bool(mc.get("use_flash_attention", False))
-    dp, tp = int(pc.get("data_parallel", 1)), int(pc.get("model_parallel", 1))
-    pp, m = int(pc.get("pipeline_stage", 1)), int(pc.get("micro_batch_num", 1))
-    for name, v in (("data_parallel", dp), ("model_parallel", tp), ("pipeline_stage", pp), ("micro_batch_num", m)):
-        _pos_arg(fn, f"parallel_config.{name}", v)
-    sp = bool(pc.get("use_seq_parallel", False)) and tp > 1
-    vocab_emb_dp = bool(pc.get("vocab_emb_dp", True))
-    b = int(rn.get("batch_size", 1))
-    accum_steps = int(rn.get("gradient_accumulation_steps", 1) or 1)
-    po = bool(par.get("enable_parallel_optimizer", False)) and dp > 1
-    shard_accum = bool((par.get("parallel_optimizer_config") or {}).get("gradient_accumulation_shard", False)) and po
-    opt_type = str((d.get("optimizer") or {}).get("type", "AdamWeightDecay"))
-    state_bytes = 4 if any(k in opt_type.lower() for k in ("sgd", "momentum")) else 8
-
-    offset = mc.get("offset", 0) or 0
-    offs = list(offset) if isinstance(offset, (list, tuple)) else [0] * pp
-    if isinstance(offset, int) and offset:
-        raise ValueError(f"{fn}: model_config.offset={offset} (a single nonzero int) is not supported; "
-                         f"fix: give a list of {pp} per-stage offsets")
-    layers = [L // pp + o for o in offs]
-    if len(layers) != pp or sum(layers) != L or min(layers) <= 0:
-        raise ValueError(f"{fn}: num_layers={L}, pipeline_stage={pp} and offset={offset!r} do not give "
-                         f"{pp} positive stage sizes summing to {L}; fix: make L divisible by pp or set offset")
-    full = _stage_counts(rc.get("recompute", False), layers, "recompute")
-    sel = _stage_counts(rc.get("select_recompute", False), layers, "select_recompute")
-    if in_flight_micro_batches is None:
-        inflight = [min(pp - i, m) for i in range(pp)] if pp > 1 else [1]
-    elif isinstance(in_flight_micro_batches, int):
-        inflight = [in_flight_micro_batches] * pp
-    else:
-        inflight = list(in_flight_micro_batches)
-        if len(inflight) != pp:
-            raise ValueError(f"{fn}: in_flight_micro_batches has {len(inflight)} entries for {pp} stages; "
-                             f"fix: pass one number per stage")
-
-    d_head = h // a
-    per_layer_params = 2 * h * h + 2 * h * kv * d_head + 3 * h * ffn + 2 * h
-    n_params = 2 * V * h + L * per_layer_params + h
-    stages = []
-    for i in range(pp):
-        p_i = -(-layers[i] * per_layer_params // tp)
-        if i == 0:
-            p_i += V * h if vocab_emb_dp else -(-V * h // tp)
-        if i == pp - 1:
-            p_i += -(-V * h // tp) + h
-        stages.append(estimate_stage(
-            stage_params=p_i, layers=layers[i], seq_len=s, micro_batch=b, hidden_size=h, num_heads=a,
-            vocab_size=V, num_kv_heads=kv, ffn_hidden_size=ffn, arch="llama", dp=dp, tp=tp,
-            sequence_parallel=sp, flash_attention=flash, full_recompute_layers=full[i],
-            select_recompute_layers=sel[i], in_flight_micro_batches=inflight[i],
-            accounting=(pb, pb, state_bytes), parallel_optimizer=po,
-            grad_accum_buffer=accum_steps > 1 or (pp > 1 and m > 1), shard_grad_accum=shard_accum,
-            bytes_per_value=bpv, output_layer=i == pp - 1, overhead_bytes=overhead_bytes, n_params=n_params))
-    peak = max(range(pp), key=lambda i: stages[i]["total"])
-    out: dict[str, Any] = dict(stages[peak])
-    if budget_bytes is None and ctx.get("max_device_memory") is not None:
-        budget_bytes = parse_memory_size(ctx["max_device_memory"])
-    out.update(stage=peak, per_stage_totals=[e["total"] for e in stages],    # n_params: in each stage's dict
-               devices=dp * tp * pp, layout=f"dp{dp}-mp{tp}-pp{pp}", dp=dp, tp=tp, pp=pp, micro_batch_num=m,
-               micro_batch=b, grad_accum_steps=accum_steps, optimizer=opt_type, parallel_optimizer=po,
-               budget=None if budget_bytes is None else int(budget_bytes),
-               fits=None if budget_bytes is None else out["total"] <= budget_bytes,
-               headroom=None if budget_bytes is None else int(budget_bytes) - out["total"], source=source)
+    D = _sibling("doctor")
+    cfg = D.read_config(path, budget=budget_bytes, model_config=model_config)
+    if cfg.budget_bytes is None:
+        cfg = replace(cfg, budget_bytes=int(D.hardware(hardware).memory_bytes))
+    mem = D.memory_per_stage(cfg)
+    lay, total = cfg.layout, mem["memory_per_device_bytes"]
+    out: dict[str, Any] = dict(mem["breakdown"])
+    out.update(total=total, stage=mem["stage"], per_stage_totals=list(mem["per_stage_bytes"]),
+               n_params=D.param_count(cfg), devices=lay.devices, layout=f"dp{lay.dp}-mp{lay.tp}-pp{lay.pp}",
+               dp=lay.dp, tp=lay.tp, pp=lay.pp, micro_batch_num=lay.micro, micro_batch=lay.batch,
+               grad_accum_steps=lay.grad_accum, parallel_optimizer=lay.parallel_optimizer,
+               budget=mem["budget_bytes"], fits=mem["fits"], headroom=mem["headroom_bytes"],
+               source=str(path) if not isinstance(path, dict) else "<dict>", config=cfg)
     return out
 
 

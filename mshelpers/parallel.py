@@ -50,8 +50,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import asdict, dataclass, field
-from types import SimpleNamespace
+import os
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
 
@@ -64,7 +64,10 @@ def _sibling(module: str, *names: str) -> Any:
     return mod if not names else got[0] if len(names) == 1 else got
 
 
-_HALF = ("float16", "bfloat16")
+def _doctor(room: str | None = None) -> Any:
+    """The doctor (mshelpers/doctor/, copied beside this file as its folder), or one of its rooms: the one cost
+    model the planner prices with."""
+    return _sibling("doctor" if room is None else f"doctor.{room}")
 
 
 # ---------------------------------------------------------------- small formulas
@@ -148,7 +151,7 @@ def validate_layout(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int = 1,
     for n, v in (("dp", dp), ("mp", mp), ("pp", pp), ("micro_batches", micro_batches),
                  ("n_devices", n_devices), ("global_batch", global_batch)):
         _pos(fn, n, v)
-    heads, ffn, layers = (_cfg_int(cfg, k) for k in ("num_heads", "ffn_hidden_size", "num_layers"))
+    heads, ffn, layers = _dims(cfg)
     if dp * mp * pp != n_devices:
         fix = (f"dp={n_devices // (mp * pp)} makes dp*mp*pp = {n_devices}" if n_devices % (mp * pp) == 0 else
                f"choose mp*pp dividing {n_devices} and dp = {n_devices}/(mp*pp)")
@@ -178,29 +181,34 @@ def validate_layout(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int = 1,
 # ---------------------------------------------------------------- the layout and its costs
 @dataclass(frozen=True)
 class Layout:
-    """One dp × mp × pp layout with micro_batches, and its per-device costs per step (bytes)."""
+    """One dp × mp × pp layout with micro_batches, and its per-device costs per step, as the doctor prices them."""
     dp: int
     mp: int
     pp: int
     micro_batches: int
     micro_batch_size: int                 # sequences per micro-batch per dp rank
-    memory_per_device_bytes: int          # model states + activations (+ ZeRO effect), from mshelpers.memory
-    comm_bytes_per_step: int              # bytes one device sends per step: dp + tp + pp
-    bubble_fraction: float                # (p-1)/(m+p-1)
+    memory_per_device_bytes: int          # the largest stage's total (doctor.memory_per_stage)
+    comm_bytes_per_step: int              # bytes one device sends per step, every group (doctor.adapt.traffic_bytes)
+    bubble_fraction: float                # (p-1)/(v·m+p-1) of the schedule
     comm_dp_bytes: int = 0
     comm_tp_bytes: int = 0
     comm_pp_bytes: int = 0
-    model_state_bytes: int = 0
+    model_state_bytes: int = 0            # params + grads + optimizer states of that stage
     activation_bytes: int = 0
-    fits: bool | None = None              # within memory_budget_bytes, if one was given
-    step_time: dict | None = field(default=None, compare=False)   # estimate_step_time(...) if hardware given
+    fits: bool | None = None              # within the budget, if one was given (a mindformers file always has one)
+    step_time: dict | None = field(default=None, compare=False)   # doctor.step_time's terms if hardware given
     schedule: str = "1f1b"                # pipeline schedule the bubble and activation memory assume
     virtual_stages: int = 1               # model chunks per device (interleaved schedule)
     interleaved_order: str = "standard"
+    cp: int = 1
+    ep: int = 1
+    comm_ep_bytes: int = 0
+    comm_cp_bytes: int = 0
+    config: Any = field(default=None, compare=False, repr=False)  # the doctor Config priced (model + layout)
 
     @property
     def n_devices(self) -> int:
-        return self.dp * self.mp * self.pp
+        return self.dp * self.mp * self.pp * self.cp
 
     @property
     def name(self) -> str:
@@ -224,62 +232,35 @@ class Layout:
         return r
 
 
-def communication_bytes(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int = 1, *, global_batch: int,
-                        seq_len: int | None = None, zero_stage: int = 0, bytes_per_value: int | None = None,
-                        grad_bytes_per_value: int | None = None) -> dict[str, int]:
-    """Bytes one device sends per optimizer step, split into dp, tp and pp traffic (see module docstring).
-
-    Values default to 2 bytes for float16/bfloat16 configs and 4 for float32; gradients
-    are all-reduced in the same width unless `grad_bytes_per_value` says otherwise.
-
-        >>> from mshelpers.config import RunConfig
-        >>> c = communication_bytes(RunConfig.preset("mini"), 2, 1, 1, global_batch=8)
-        >>> c["dp"] == 3_688_704 * 4, c["tp"], c["pp"]       # 2 ranks: one gradient copy each way
-        (True, 0, 0)
-    """
-    s = seq_len or _cfg_int(cfg, "seq_len")
-    validate_layout(cfg, dp, mp, pp, micro_batches, n_devices=dp * mp * pp, global_batch=global_batch)
-    half = getattr(cfg, "compute_dtype", "float32") in _HALF
-    bpv = bytes_per_value or (2 if half else 4)
-    gbpv = grad_bytes_per_value or bpv
-    h, layers = _cfg_int(cfg, "hidden_size"), _cfg_int(cfg, "num_layers")
-    llama_param_count = _sibling("memory", "llama_param_count")   # pure Python
-    local_params = -(-llama_param_count(cfg) // (mp * pp))
-    grad_buffer = local_params * gbpv
-    dp_bytes = ring_allreduce_bytes(grad_buffer, dp)
-    if zero_stage == 3 and dp > 1:   # parameters gathered for forward and again for backward
-        dp_bytes += 2 * ring_allgather_bytes(local_params * bpv, dp)
-    b = global_batch // (dp * micro_batches)
-    buf = tp_allreduce_buffer_bytes(b, s, h, bpv)
-    n_ar = tp_allreduces_per_micro_batch(layers // pp, recompute=getattr(cfg, "recompute", "none"),
-                                         embedding=True) - (1 if pp > 1 else 0)  # a stage holds one end only
-    tp_bytes = micro_batches * n_ar * ring_allreduce_bytes(buf, mp) if mp > 1 else 0
-    pp_bytes = micro_batches * 2 * buf if pp > 1 else 0   # interior stage: activation out, gradient back
-    return {"dp": dp_bytes, "tp": tp_bytes, "pp": pp_bytes, "total": dp_bytes + tp_bytes + pp_bytes,
-            "tp_buffer_bytes": buf, "tp_allreduces": n_ar * micro_batches if mp > 1 else 0,
-            "grad_buffer_bytes": grad_buffer}
-
-
 @dataclass(frozen=True)
 class Hardware:
-    """Device and links for `estimate_step_time`, with where each figure comes from.
+    """Device and links for the planner, each figure with where it comes from; priced as a doctor profile.
 
-    Bandwidths are per device and per direction: what one device can send while it also
-    receives, i.e. the "bus bandwidth" NCCL-tests reports, because the planner divides the
-    bytes one device sends by it. Latencies (alpha) add once per collective or transfer.
-    `sources` pairs each field with its provenance ("measured ...", a datasheet URL, or
-    "assumed"). Build one with `Hardware.from_measurement(...)` (this machine),
-    `Hardware.reference(name)` (cited figures, see REFERENCE_HARDWARE) or by hand.
+    Bandwidths are per device and per direction. `intra_node_bytes_per_s` is all of a device's links inside a
+    node, `links_per_device` how many links it is split over (Ascend HCCS: a full mesh of 7); which of them a
+    group uses, and where a group that spans nodes runs at `inter_node_bytes_per_s`, is the doctor's rule
+    (`doctor.topology`). Latencies (alpha) add once per pass of a collective (an all-reduce is a reduce-scatter
+    and an all-gather: 2 passes).
+    `to_doctor()` turns the profile into the doctor's `DoctorHardware` and `Calibration`, which price every step
+    (`doctor.cost.step_time`); `compute_efficiency` is the calibration's matmul share of peak. The Ascend profile
+    is the doctor's own ("atlas-800t-a2", with its fitted calibration); build one with `Hardware.from_doctor`,
+    `Hardware.from_measurement` (this machine), `Hardware.reference(name)` or by hand.
     """
-    peak_flops_per_device: float          # FLOP/s at the training dtype
-    intra_node_bytes_per_s: float         # per-device, per-direction bandwidth inside a node
-    inter_node_bytes_per_s: float         # per-device, per-direction bandwidth between nodes
+    peak_flops_per_device: float          # FLOP/s at 16-bit (a doctor profile keeps its other dtypes' ratios)
+    intra_node_bytes_per_s: float         # per device, per direction, all its links inside a node
+    inter_node_bytes_per_s: float         # per device, per direction, between nodes
     devices_per_node: int = 8
     compute_efficiency: float = 0.5       # share of peak the matmuls reach (kernel MFU)
-    intra_node_latency_s: float = 0.0     # alpha of one collective inside a node
-    inter_node_latency_s: float = 0.0     # alpha of one collective that crosses nodes
+    intra_node_latency_s: float = 0.0     # alpha of one pass inside a node
+    inter_node_latency_s: float = 0.0     # alpha of one pass that crosses nodes
     name: str = "assumed"
     sources: tuple = field(default=(), compare=False)   # ((field, provenance), ...)
+    links_per_device: int = 1             # full-mesh links per device (1: a switch, any group gets the whole figure)
+    hbm_bytes_per_s: float = 1e12         # the optimizer update's memory traffic
+    memory_bytes: float = 64 * 2**30      # device memory: the budget when a mindformers file gives none
+    dp_overlap: float = 1.0               # share of the last backward the gradient reduction can hide behind
+    calibration: Any = field(default=None, compare=False)      # a doctor Calibration; None: (efficiency, 1.0)
+    doctor_profile: Any = field(default=None, compare=False)   # the DoctorHardware this view was made from
 
     def source(self, field_name: str) -> str:
         """Where `field_name`'s figure comes from ("assumed" if nobody said)."""
@@ -287,8 +268,9 @@ class Hardware:
 
     def table(self) -> list[dict]:
         """One row per figure with its source, for a notebook table."""
-        keys = ("peak_flops_per_device", "intra_node_bytes_per_s", "inter_node_bytes_per_s", "devices_per_node",
-                "intra_node_latency_s", "inter_node_latency_s", "compute_efficiency")
+        keys = ("peak_flops_per_device", "intra_node_bytes_per_s", "links_per_device", "inter_node_bytes_per_s",
+                "devices_per_node", "intra_node_latency_s", "inter_node_latency_s", "compute_efficiency",
+                "hbm_bytes_per_s", "memory_bytes")
         return [{"hardware": self.name, "figure": k, "value": getattr(self, k), "source": self.source(k)}
                 for k in keys]
 
@@ -301,19 +283,76 @@ class Hardware:
         return REFERENCE_HARDWARE[name]
 
     @classmethod
+    def from_doctor(cls, profile: Any, calibration: Any = None, *, name: str | None = None) -> "Hardware":
+        """The planner's view of a doctor profile (`doctor.hardware(name)`), priced with `calibration` (a doctor
+        Calibration, e.g. doctor.CALIBRATION; None: compute_efficiency 1, no other constant)."""
+        src = getattr(profile, "sources", {}) or {}
+        node = src.get("node", "assumed")
+        return cls(peak_flops_per_device=profile.peak("float16"),
+                   intra_node_bytes_per_s=profile.intra_link_bytes_per_s * profile.links_per_device,
+                   inter_node_bytes_per_s=profile.inter_bytes_per_s, devices_per_node=profile.devices_per_node,
+                   compute_efficiency=calibration.compute_efficiency if calibration is not None else 1.0,
+                   intra_node_latency_s=profile.intra_latency_s, inter_node_latency_s=profile.inter_latency_s,
+                   name=name or profile.name, links_per_device=profile.links_per_device,
+                   hbm_bytes_per_s=profile.hbm_bytes_per_s, memory_bytes=profile.memory_bytes,
+                   dp_overlap=profile.dp_overlap, calibration=calibration, doctor_profile=profile,
+                   sources=(("peak_flops_per_device", src.get("peak", "assumed")),
+                            ("intra_node_bytes_per_s", src.get("intra", "assumed")),
+                            ("links_per_device", src.get("intra", "assumed")),
+                            ("inter_node_bytes_per_s", src.get("inter", "assumed")),
+                            ("intra_node_latency_s", src.get("intra", "assumed")),
+                            ("inter_node_latency_s", src.get("inter", "assumed")),
+                            ("devices_per_node", node), ("hbm_bytes_per_s", src.get("hbm", "assumed")),
+                            ("memory_bytes", node),
+                            ("compute_efficiency", "fitted: the doctor's calibration (" + ", ".join(
+                                getattr(calibration, "fitted_on", ())) + ")" if calibration is not None
+                             else "1.0: no calibration given")))
+
+    def to_doctor(self) -> tuple[Any, Any]:
+        """(DoctorHardware, Calibration) that `doctor.cost.step_time` prices with. A view made by `from_doctor`
+        gives back its profile, with any figure changed since (`dataclasses.replace`) changed in it too."""
+        D = _doctor()
+        mine = self._doctor_fields()
+        if self.doctor_profile is not None:
+            was = Hardware.from_doctor(self.doctor_profile, self.calibration)._doctor_fields()
+            changed = {k: v for k, v in mine.items() if v != was[k]}
+            if "peak_flops" in changed:            # the other dtypes keep their ratio to the 16-bit peak
+                scale = self.peak_flops_per_device / self.doctor_profile.peak("float16")
+                changed["peak_flops"] = {k: v * scale for k, v in self.doctor_profile.peak_flops.items()}
+            hw = replace(self.doctor_profile, **changed) if changed else self.doctor_profile
+        else:
+            hw = D.DoctorHardware(name=self.name, sources=dict(self.sources), **mine)
+        cal = self.calibration
+        if cal is None:
+            cal = D.Calibration(compute_efficiency=self.compute_efficiency, comm_time_factor=1.0)
+        elif cal.compute_efficiency != self.compute_efficiency:
+            cal = replace(cal, compute_efficiency=self.compute_efficiency)
+        return hw, cal
+
+    def _doctor_fields(self) -> dict:
+        p = self.peak_flops_per_device
+        return {"peak_flops": {"float16": p, "bfloat16": p, "float32": p}, "hbm_bytes_per_s": self.hbm_bytes_per_s,
+                "intra_link_bytes_per_s": self.intra_node_bytes_per_s / self.links_per_device,
+                "links_per_device": self.links_per_device, "inter_bytes_per_s": self.inter_node_bytes_per_s,
+                "devices_per_node": self.devices_per_node, "intra_latency_s": self.intra_node_latency_s,
+                "inter_latency_s": self.inter_node_latency_s, "memory_bytes": self.memory_bytes,
+                "dp_overlap": self.dp_overlap}
+
+    @classmethod
     def from_measurement(cls, rows_or_fit: Any, *, peak_flops_per_device: float, op: str = "all_reduce",
                          group_size: int | None = None, compute_efficiency: float = 1.0,
                          name: str = "this machine (measured)", peak_source: str = "measured") -> "Hardware":
-        """'This machine' from `measure_collectives` rows (or an `AlphaBetaFit`) and a measured peak.
+        """'This machine' from `measure_collectives` rows (or an `AlphaBetaFit`) and a measured peak: the doctor's
+        CPU profile (`doctor.cpu_hardware`) for a measured collective of any kind.
 
-        The alpha-beta fit of `op` gives the latency (alpha) and the op's algorithmic bandwidth
-        (beta, message bytes per second); the link bandwidth is beta times the bytes each rank
-        sends per message byte (ring all-reduce 2(n-1)/n, all-gather/reduce-scatter (n-1)/n,
-        broadcast 1), so the planner's byte counts divided by it give back the measured time.
-        All ranks run on one machine: devices_per_node = n, and the inter-node figures repeat the
-        intra-node ones (no second node was measured; the sources say so). `peak_flops_per_device`
-        should be a measured matmul rate (e.g. `mshelpers.metrics.peak_flops()`), hence
-        compute_efficiency = 1.0 by default.
+        The alpha-beta fit of `op` gives the latency alpha and the op's bandwidth beta (message bytes per second);
+        the link is beta times the bytes each rank sends per message byte (ring all-reduce 2(n-1)/n,
+        all-gather/reduce-scatter (n-1)/n, broadcast 1) and alpha is split over the op's passes, so that
+        `collective_time(op, S, n, hw)` gives back alpha + S/beta. All ranks run on one machine: devices_per_node
+        = n, the inter-node figures repeat the intra-node ones (no second node was measured; the sources say so),
+        no overlap of the gradient reduction (dp_overlap 0: a CPU reduces after the backward), memory = MemTotal.
+        `peak_flops_per_device` should be a measured matmul rate per rank (e.g. `mshelpers.metrics.peak_flops()`
+        / n when the ranks share the cores), hence compute_efficiency = 1.0 by default.
         """
         fit = rows_or_fit if isinstance(rows_or_fit, AlphaBetaFit) else fit_alpha_beta(rows_or_fit, op)
         n = group_size or fit.ranks
@@ -324,212 +363,241 @@ class Hardware:
             raise ValueError(f"Hardware.from_measurement: peak_flops_per_device={peak_flops_per_device!r}; "
                              "fix: pass a measured FLOP/s, e.g. mshelpers.metrics.peak_flops()")
         bus = fit.beta_bytes_per_s * _send_factor(fit.op, n)
+        lat = fit.alpha_s / _passes(fit.op)
         how = (f"measured: {fit.op} on {n} ranks, alpha-beta fit over {fit.n_points} sizes "
-               f"(max pred/meas ratio {fit.max_ratio:.2f}); beta x {_send_factor(fit.op, n):.3g} bytes sent per byte")
+               f"(max pred/meas ratio {fit.max_ratio:.2f}); beta x {_send_factor(fit.op, n):.3g} bytes sent per byte, "
+               f"alpha / {_passes(fit.op)} per pass")
         same = "not measured: all ranks on one machine; set equal to the intra-node figure"
+        try:
+            with open("/proc/meminfo") as f:
+                mem = int(next(line for line in f if line.startswith("MemTotal")).split()[1]) * 1024
+        except (OSError, StopIteration, ValueError):
+            mem = 8 * 2**30
         return cls(peak_flops_per_device=float(peak_flops_per_device), intra_node_bytes_per_s=bus,
                    inter_node_bytes_per_s=bus, devices_per_node=n, compute_efficiency=compute_efficiency,
-                   intra_node_latency_s=fit.alpha_s, inter_node_latency_s=fit.alpha_s, name=name,
+                   intra_node_latency_s=lat, inter_node_latency_s=lat, name=name, hbm_bytes_per_s=20e9,
+                   memory_bytes=mem, dp_overlap=0.0,
                    sources=(("peak_flops_per_device", peak_source), ("intra_node_bytes_per_s", how),
                             ("intra_node_latency_s", how), ("inter_node_bytes_per_s", same),
                             ("inter_node_latency_s", same), ("devices_per_node", f"ranks measured: {n}"),
-                            ("compute_efficiency", "1.0: the peak is already a measured matmul rate")))
+                            ("compute_efficiency", "1.0: the peak is already a measured matmul rate"),
+                            ("hbm_bytes_per_s", "assumed 20 GB/s (the optimizer term only; not measured)"),
+                            ("memory_bytes", "MemTotal of /proc/meminfo")))
 
 
 # Cited reference profiles. Bandwidths are per device and per direction (see Hardware); a vendor's
 # "900 GB/s NVLink" is the bidirectional total, so it enters as 450e9. Peaks are dense 16-bit tensor
 # FLOP/s (vendors also print 2x "with sparsity" figures). These are datasheet (theoretical) figures:
-# NCCL-tests/HCCL-tests bus bandwidths reach roughly 70-90 % of them, and latencies are left at 0
-# because the datasheets give none. Check them against a measurement on your own cluster.
+# NCCL-tests bus bandwidths reach roughly 70-90 % of them, and latencies are left at 0 because the
+# datasheets give none. The Ascend profile is the doctor's (mshelpers/doctor/hardware.py), made on first use.
 _A100_DS = "NVIDIA A100 datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
 _H100_DS = "NVIDIA H100 datasheet, https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
-REFERENCE_HARDWARE: dict[str, Hardware] = {
+_NVIDIA = {
     "a100-sxm": Hardware(
         peak_flops_per_device=312e12, intra_node_bytes_per_s=300e9, inter_node_bytes_per_s=25e9,
-        devices_per_node=8, compute_efficiency=0.5, name="NVIDIA A100 SXM4 (DGX A100: NVLink 3 + HDR InfiniBand)",
+        devices_per_node=8, compute_efficiency=0.5, name="NVIDIA A100 SXM4 80GB (DGX A100: NVLink 3 + HDR InfiniBand)",
+        hbm_bytes_per_s=2039e9, memory_bytes=80e9,
         sources=(("peak_flops_per_device", "datasheet: BF16 Tensor Core 312 TFLOPS dense (624 with sparsity); "
                   + _A100_DS),
                  ("intra_node_bytes_per_s", "datasheet: NVLink 600 GB/s bidirectional = 300 GB/s per direction "
-                                            "(12 links x 50 GB/s); " + _A100_DS),
+                                            "(12 links x 50 GB/s, through NVSwitch: links_per_device 1); " + _A100_DS),
                  ("inter_node_bytes_per_s", "datasheet: DGX A100 has one 200 Gb/s HDR InfiniBand ConnectX-6 port per "
                                             "GPU = 25 GB/s; NVIDIA DGX A100 datasheet, https://www.nvidia.com/content/"
                                             "dam/en-zz/Solutions/Data-Center/nvidia-dgx-a100-datasheet.pdf (not "
                                             "re-checked here)"),
                  ("devices_per_node", "DGX/HGX A100: 8 GPUs"),
+                 ("hbm_bytes_per_s", "datasheet: A100 80GB SXM HBM2e 2,039 GB/s; " + _A100_DS),
+                 ("memory_bytes", "datasheet: 80 GB HBM2e; " + _A100_DS),
                  ("compute_efficiency", "assumed"))),
     "h100-sxm": Hardware(
         peak_flops_per_device=989.5e12, intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9,
         devices_per_node=8, compute_efficiency=0.5, name="NVIDIA H100 SXM5 (DGX H100: NVLink 4 + NDR InfiniBand)",
+        hbm_bytes_per_s=3.35e12, memory_bytes=80e9,
         sources=(("peak_flops_per_device", "datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity = 989.5 dense; "
                   + _H100_DS),
                  ("intra_node_bytes_per_s", "datasheet: NVLink 900 GB/s bidirectional = 450 GB/s per direction "
-                                            "(18 links x 50 GB/s); " + _H100_DS),
+                                            "(18 links x 50 GB/s, through NVSwitch: links_per_device 1); " + _H100_DS),
                  ("inter_node_bytes_per_s", "DGX H100 user guide: one ConnectX-7 per GPU (8 OSFP ports), 400 Gb/s NDR "
                                             "= 50 GB/s; https://docs.nvidia.com/dgx/dgxh100-user-guide/"),
                  ("devices_per_node", "DGX/HGX H100: 8 GPUs"),
+                 ("hbm_bytes_per_s", "datasheet: H100 SXM HBM3 3.35 TB/s; " + _H100_DS),
+                 ("memory_bytes", "datasheet: 80 GB HBM3; " + _H100_DS),
                  ("compute_efficiency", "assumed"))),
-    # the same figures as mshelpers.metrics.DATASHEET_PEAK_FLOPS["Ascend 910B"] and the doctor's "atlas-800t-a2"
-    # profile (mshelpers/doctor/hardware.py): one Ascend table, checked equal by tests/test_comm_pipeline.py
-    "ascend-910b": Hardware(
-        peak_flops_per_device=376e12, intra_node_bytes_per_s=196e9, inter_node_bytes_per_s=25e9,
-        devices_per_node=8, compute_efficiency=0.6255,
-        name="Huawei Ascend 910B (Atlas 800T A2, 376T bin: HCCS full mesh + RoCE)",
-        sources=(("peak_flops_per_device", "Huawei Ascend/msmodeling device profile ATLAS_800_A2_376T_64G, FP16 376 "
-                  "TFLOPS (BF16 353.9; tensor_cast/device.py, commit 1e5a50b1, https://github.com/Ascend/msmodeling/"
-                  "blob/1e5a50b1a025a6658a277aa963c87691dc279f4f/tensor_cast/device.py); the same file lists 313T and "
-                  "280T bins: check `npu-smi info`"),
-                 ("intra_node_bytes_per_s", "msmodeling A2_INTERCONNECT: full mesh 196e9 B/s per device (https://github.com/"
-                  "Ascend/msmodeling, tensor_cast/device.py at 1e5a50b1)"),
-                 ("inter_node_bytes_per_s", "msmodeling A2_INTERCONNECT: CLOS 25e9 B/s per device, 200GE RoCE (https://"
-                  "github.com/Ascend/msmodeling, tensor_cast/device.py at 1e5a50b1)"),
-                 ("devices_per_node", "Atlas 800T A2: 8 NPUs (MindCluster docs: 8 NPU ports per node, "
-                  "https://www.hiascend.com/document/detail/zh/mindcluster/730/deployer/deployerug/deployer_0025.html)"),
-                 ("compute_efficiency", "fitted: mshelpers.doctor.CALIBRATION.compute_efficiency, matmul share of peak "
-                  "fitted on four published mindformers figures (README, Config doctor)"))),
 }
 
 
-def estimate_step_time(cfg: Any, layout: Layout, hardware: Hardware, *, global_batch: int,
-                       seq_len: int | None = None) -> dict[str, float]:
-    """A no-overlap step time: compute, tp/dp/pp communication and bubble, in seconds, plus comm_share.
+class _Profiles(dict):
+    """REFERENCE_HARDWARE: the NVIDIA profiles above and "ascend-910b", the doctor's "atlas-800t-a2" profile with
+    the doctor's fitted calibration, made on first use (so this module imports without the doctor folder)."""
 
-    Rank placement follows MindSpore's device matrix: mp innermost (consecutive ranks), then
-    dp, then pipeline stages. A group whose span exceeds devices_per_node uses the inter-node
-    bandwidth. Compute FLOPs are PaLM's 6N + 12·L·h·s per token, split evenly over devices.
-    This is a model to rank layouts under stated assumptions; it ignores overlap and contention.
+    def __missing__(self, name: str) -> Hardware:
+        if name != "ascend-910b":
+            raise KeyError(name)
+        D = _doctor()
+        hw = Hardware.from_doctor(D.hardware("atlas-800t-a2"), D.CALIBRATION,
+                                  name="Huawei Ascend 910B (Atlas 800T A2, 376T bin: HCCS full mesh + RoCE)")
+        self[name] = hw
+        return hw
+
+    def __contains__(self, name: object) -> bool:
+        return name == "ascend-910b" or dict.__contains__(self, name)
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def keys(self):
+        return [*dict.keys(self), *(["ascend-910b"] if not dict.__contains__(self, "ascend-910b") else [])]
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+
+REFERENCE_HARDWARE: dict[str, Hardware] = _Profiles(_NVIDIA)
+
+
+# ---------------------------------------------------------------- the planner: layouts priced by the doctor
+def make_layout(cfg: Any, dp: int | None = None, mp: int | None = None, pp: int | None = None,
+                micro_batches: int | None = None, *, global_batch: int | None = None, seq_len: int | None = None,
+                zero_stage: int = 0, sequence_parallel: bool = False, memory_budget_bytes: float | None = None,
+                hardware: Hardware | None = None, schedule: str = "1f1b", virtual_stages: int = 1,
+                interleaved_order: str = "standard", flash_attention: bool = False,
+                model_config: Any = None) -> Layout:
+    """Price one layout (validated first) with the doctor; `plan_parallel_layout` calls this for every candidate.
+
+    `cfg` is a RunConfig (then dp, mp, pp and global_batch are required): the layout becomes the mindformers YAML
+    `mindformers_yaml` writes for it (use_flash_attention = `flash_attention`, use_seq_parallel =
+    `sequence_parallel`, the parallel optimizer for zero_stage >= 1 and gradient_accumulation_shard for 2,
+    pp_interleave_num = `virtual_stages` for the interleaved schedule), and that YAML is read by
+    `doctor.read_config` and priced by `doctor.memory_per_stage` (and `doctor.step_time` with `hardware`), so the
+    figures are the doctor's for the file the planner emits. `cfg` may instead be a mindformers YAML (path or
+    dict) or a doctor Config: without degrees it is priced as it is (what `python -m mshelpers.doctor FILE` says),
+    with degrees on the same global batch, via `doctor.with_layout`; every other setting is the file's.
+
+    Memory: the largest stage's total; a file without max_device_memory is held against the hardware's memory
+    (the Atlas 800T A2's 64 GiB by default), as the CLI does. With pp > 1, "gpipe" and the interleaved schedule's
+    "memory" order (which the doctor does not price) add to each stage the micro-batches `pipeline_in_flight`
+    holds beyond the doctor's 1F1B count, times one micro-batch's stage activations (`doctor.adapt`).
     """
-    s = seq_len or _cfg_int(cfg, "seq_len")
-    llama_param_count = _sibling("memory", "llama_param_count")
-    n = llama_param_count(cfg)
-    flops = (6 * n + 12 * _cfg_int(cfg, "num_layers") * _cfg_int(cfg, "hidden_size") * s) * global_batch * s
-    compute = flops / layout.n_devices / (hardware.peak_flops_per_device * hardware.compute_efficiency)
-    node = hardware.devices_per_node
-    bw = lambda span: hardware.intra_node_bytes_per_s if span <= node else hardware.inter_node_bytes_per_s
-    lat = lambda span: hardware.intra_node_latency_s if span <= node else hardware.inter_node_latency_s
-    n_tp = 0
-    if layout.mp > 1:   # how many collectives pay the latency (0 s unless the Hardware has one)
-        n_tp = layout.micro_batches * (tp_allreduces_per_micro_batch(
-            _cfg_int(cfg, "num_layers") // layout.pp, recompute=getattr(cfg, "recompute", "none")) -
-            (1 if layout.pp > 1 else 0))
-    tp_s = layout.comm_tp_bytes / bw(layout.mp) + n_tp * lat(layout.mp)
-    dp_s = layout.comm_dp_bytes / bw(layout.mp * layout.dp) + (lat(layout.mp * layout.dp) if layout.dp > 1 else 0.0)
-    pp_s = layout.comm_pp_bytes / bw(layout.mp * layout.dp * 2) + (  # neighbouring stages are dp*mp ranks apart
-        2 * layout.micro_batches * lat(layout.mp * layout.dp * 2) if layout.pp > 1 else 0.0)
-    busy = compute + tp_s + pp_s
-    bubble_s = busy * layout.bubble_fraction / (1 - layout.bubble_fraction)
-    step = busy + bubble_s + dp_s
-    return {"compute_s": compute, "tp_comm_s": tp_s, "dp_comm_s": dp_s, "pp_comm_s": pp_s,
-            "bubble_s": bubble_s, "step_s": step, "comm_share": (tp_s + dp_s + pp_s) / step}
+    fn = "make_layout"
+    virtual_stages = _pos(fn, "virtual_stages", virtual_stages)
+    base = _file_config(fn, cfg, memory_budget_bytes, model_config, hardware)
+    if base is None:
+        for n, v in (("dp", dp), ("mp", mp), ("pp", pp), ("global_batch", global_batch)):
+            if v is None:
+                raise ValueError(f"{fn}: {n}=None with a RunConfig; fix: pass dp, mp, pp and global_batch (or a "
+                                 "mindformers YAML to price its own layout)")
+        micro_batches = 1 if micro_batches is None else micro_batches
+        s = seq_len or _cfg_int(cfg, "seq_len")
+        validate_layout(cfg, dp, mp, pp, micro_batches, n_devices=dp * mp * pp, global_batch=global_batch)
+        _check_schedule(fn, pp, micro_batches, schedule, virtual_stages, interleaved_order)
+        layers = _cfg_int(cfg, "num_layers")
+        if schedule == "interleaved" and (pp == 1 or layers % (pp * virtual_stages)):
+            raise ValueError(f"{fn}: interleaved with pp={pp}, virtual_stages={virtual_stages} needs pp > 1 and "
+                             f"pp*virtual_stages dividing num_layers={layers}; fix: use a virtual_stages "
+                             f"dividing {layers // pp} with pp > 1")
+        if zero_stage not in (0, 1, 2):
+            raise ValueError(f"{fn}: zero_stage={zero_stage!r} is not priced; fix: 0, 1 (MindSpore's parallel "
+                             "optimizer) or 2 (and gradient_accumulation_shard); a mindformers YAML has no ZeRO-3")
+        skeleton = Layout(dp, mp, pp, micro_batches, global_batch // (dp * micro_batches), 0, 0, 0.0)
+        spec = mindformers_yaml(cfg, skeleton, seq_len=s, zero_stage=zero_stage, use_flash_attention=flash_attention,
+                                sequence_parallel=sequence_parallel,
+                                virtual_stages=virtual_stages if schedule == "interleaved" else 1)
+        priced = _doctor().read_config(spec, budget=memory_budget_bytes)
+        return _priced(priced, hardware, schedule, virtual_stages, interleaved_order, memory_budget_bytes is not None)
+    for n, v, default in (("zero_stage", zero_stage, 0), ("sequence_parallel", sequence_parallel, False),
+                          ("flash_attention", flash_attention, False), ("seq_len", seq_len, None),
+                          ("schedule", schedule, "1f1b"), ("virtual_stages", virtual_stages, 1)):
+        if v != default:
+            raise ValueError(f"{fn}: {n}={v!r} with a mindformers config; fix: set it in the file (the planner "
+                             "varies only dp, mp, pp and the micro-batches of a file)")
+    lay = base.layout
+    if global_batch is not None and global_batch != lay.global_batch:
+        raise ValueError(f"{fn}: global_batch={global_batch} but the file trains on {lay.global_batch}; "
+                         "fix: omit global_batch (the file's is kept)")
+    if (dp, mp, pp, micro_batches) != (None,) * 4:
+        dp, mp, pp = dp or lay.dp, mp or lay.tp, pp or lay.pp
+        micro_batches = micro_batches or (lay.n_micro if (dp, mp, pp) == (lay.dp, lay.tp, lay.pp) else pp)
+        base = _vary(fn, base, dp, mp, pp, micro_batches)
+    vpp = base.layout.vpp
+    return _priced(base, hardware, "interleaved" if vpp > 1 else "1f1b", vpp, interleaved_order, True)
 
 
-def make_layout(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int = 1, *, global_batch: int,
-                seq_len: int | None = None, zero_stage: int = 0, sequence_parallel: bool = False,
-                memory_budget_bytes: float | None = None, hardware: Hardware | None = None,
-                schedule: str = "1f1b", virtual_stages: int = 1, interleaved_order: str = "standard",
-                flash_attention: bool = False) -> Layout:
-    """Cost one layout (validated first). `plan_parallel_layout` calls this for every candidate.
-
-    `flash_attention` prices activations as the model will run (no s² attention scores stored): pass the
-    `use_flash_attention` of the YAML the layout becomes (`mindformers_yaml` defaults it to True).
-
-    With pp > 1, `schedule` (and `virtual_stages`, `interleaved_order` for "interleaved") sets
-    the bubble, (p-1)/(v·m+p-1), and the first stage's activation memory: `mshelpers.memory.estimate`
-    counts 1F1B's min(p, m) micro-batches, and the difference to `pipeline_in_flight(...)[0]`
-    micro-batches of the stage's layers is added (GPipe holds all m; interleaved p + (p-1)/v).
-    """
-    s = seq_len or _cfg_int(cfg, "seq_len")
-    validate_layout(cfg, dp, mp, pp, micro_batches, n_devices=dp * mp * pp, global_batch=global_batch)
-    virtual_stages = _pos("make_layout", "virtual_stages", virtual_stages)
-    _check_schedule("make_layout", pp, micro_batches, schedule, virtual_stages, interleaved_order)
-    if schedule == "interleaved" and (pp == 1 or _cfg_int(cfg, "num_layers") % (pp * virtual_stages)):
-        raise ValueError(f"make_layout: interleaved with pp={pp}, virtual_stages={virtual_stages} needs pp > 1 and "
-                         f"pp*virtual_stages dividing num_layers={cfg.num_layers}; fix: use a virtual_stages "
-                         f"dividing {_cfg_int(cfg, 'num_layers') // pp} with pp > 1")
-    memory = _sibling("memory")
-    run = cfg.replace(batch_size=global_batch, seq_len=s, dp=1, mp=1, pp=1, micro_batches=1)
-    ns = SimpleNamespace(dp=dp, mp=mp, pp=pp, micro_batches=micro_batches)
-    est = memory.estimate(run, n_devices=dp * mp * pp, layout=ns, zero_stage=zero_stage,
-                          sequence_parallel=sequence_parallel, flash_attention=flash_attention)
-    extra = 0                                     # the schedule's in-flight count against estimate's 1F1B
-    if pp > 1 and (schedule, virtual_stages) != ("1f1b", 1):
-        held = pipeline_in_flight(pp, micro_batches, schedule, virtual_stages,
-                                  interleaved_order=interleaved_order)[0]
-        stage = est["activations_per_layer"] * (_cfg_int(cfg, "num_layers") // pp)
-        extra = math.ceil((held - min(pp, micro_batches)) * stage)
-    total = est["total"] + extra
-    comm = communication_bytes(cfg, dp, mp, pp, micro_batches, global_batch=global_batch, seq_len=s,
-                               zero_stage=zero_stage)
-    lay = Layout(dp=dp, mp=mp, pp=pp, micro_batches=micro_batches,
-                 micro_batch_size=global_batch // (dp * micro_batches),
-                 memory_per_device_bytes=total, comm_bytes_per_step=comm["total"],
-                 bubble_fraction=pipeline_bubble_fraction(pp, micro_batches, virtual_stages),
-                 comm_dp_bytes=comm["dp"], comm_tp_bytes=comm["tp"], comm_pp_bytes=comm["pp"],
-                 model_state_bytes=est["params"] + est["grads"] + est["optimizer_states"],
-                 activation_bytes=est["activations"] + extra,
-                 fits=None if memory_budget_bytes is None else total <= memory_budget_bytes,
-                 schedule=schedule, virtual_stages=virtual_stages, interleaved_order=interleaved_order)
-    if hardware is not None:
-        lay = _with_time(lay, cfg, hardware, global_batch, s)
-    return lay
-
-
-def plan_parallel_layout(cfg: Any, n_devices: int, *, global_batch: int, seq_len: int | None = None,
-                         micro_batches: Iterable[int] | None = None, max_micro_batches: int = 32,
-                         zero_stage: int = 0, sequence_parallel: bool = False,
+def plan_parallel_layout(cfg: Any, n_devices: int | None = None, *, global_batch: int | None = None,
+                         seq_len: int | None = None, micro_batches: Iterable[int] | None = None,
+                         max_micro_batches: int = 32, zero_stage: int = 0, sequence_parallel: bool = False,
                          memory_budget_bytes: float | None = None, hardware: Hardware | None = None,
                          schedule: str = "1f1b", virtual_stages: int = 1,
-                         interleaved_order: str = "standard", flash_attention: bool = False) -> list[Layout]:
-    """Every valid (dp, mp, pp, micro_batches) on `n_devices`, costed and sorted best first.
+                         interleaved_order: str = "standard", flash_attention: bool = False,
+                         model_config: Any = None) -> list[Layout]:
+    """Every valid (dp, mp, pp, micro_batches) on `n_devices`, priced by `make_layout` and sorted best first.
 
-    `schedule`/`virtual_stages`/`interleaved_order` apply to the layouts with pp > 1 (see
-    `make_layout`); with "interleaved", pp values that pp·virtual_stages does not fit in the
-    layers are skipped, and layouts with pp = 1 keep the plain costs. `flash_attention`: as in `make_layout`.
+    `cfg`: a RunConfig (global_batch and n_devices required), or a mindformers YAML / doctor Config (its devices
+    and global batch unless given; its other settings kept). `schedule`/`virtual_stages`/`interleaved_order`
+    apply to the layouts with pp > 1 (see `make_layout`); with "interleaved", pp values that pp·virtual_stages
+    does not fit in the layers are skipped, and layouts with pp = 1 keep the plain costs.
 
-    `micro_batches` restricts the micro-batch counts tried (default: every count up to
-    `max_micro_batches` that divides the per-dp batch; with pp = 1 it is gradient
-    accumulation, which only trades activation memory). Ranking: layouts that fit
-    `memory_budget_bytes` first (if given); then, with `hardware`, the shortest
-    `estimate_step_time`; without it, the smallest bubble, then the fewest bytes sent,
-    then the least memory. Raises ValueError if no layout is valid.
+    `micro_batches` restricts the micro-batch counts tried (default: every count up to `max_micro_batches` that
+    divides the per-dp batch; with pp = 1 it is gradient accumulation, which trades activation memory for
+    smaller steps). Ranking: layouts that fit the budget first; then, with `hardware`, the shortest step
+    (`doctor.step_time`); without it, the smallest bubble, then the fewest bytes sent, then the least memory.
+    Raises ValueError if no layout is valid.
     """
     fn = "plan_parallel_layout"
-    n_devices = _pos(fn, "n_devices", n_devices)
-    global_batch = _pos(fn, "global_batch", global_batch)
+    if n_devices is not None:
+        n_devices = _pos(fn, "n_devices", n_devices)
+    if global_batch is not None:
+        global_batch = _pos(fn, "global_batch", global_batch)
     if seq_len is not None:
         seq_len = _pos(fn, "seq_len", seq_len)
-    if getattr(cfg, "replace", None) is None:
-        raise ValueError(f"{fn}: cfg={type(cfg).__name__} is not a RunConfig; fix: pass RunConfig.preset(...)")
     if memory_budget_bytes is not None and not memory_budget_bytes > 0:
         raise ValueError(f"{fn}: memory_budget_bytes={memory_budget_bytes!r} is invalid; fix: a positive byte count")
     wanted = None if micro_batches is None else sorted(set(micro_batches))
-    if wanted is not None:
-        for m in wanted:
-            m = _pos(fn, "micro_batches", m)
+    for m in wanted or ():
+        _pos(fn, "micro_batches", m)
+    base = _file_config(fn, cfg, memory_budget_bytes, model_config, hardware)
+    if base is None:
+        if getattr(cfg, "replace", None) is None:
+            raise ValueError(f"{fn}: cfg={type(cfg).__name__} is not a RunConfig; fix: pass RunConfig.preset(...) "
+                             "or a mindformers YAML path")
+        for n, v in (("n_devices", n_devices), ("global_batch", global_batch)):
+            if v is None:
+                raise ValueError(f"{fn}: {n}=None with a RunConfig; fix: pass {n}")
+        cp, batch = 1, global_batch
+        kw = dict(global_batch=global_batch, seq_len=seq_len, zero_stage=zero_stage,
+                  sequence_parallel=sequence_parallel, memory_budget_bytes=memory_budget_bytes,
+                  hardware=hardware, flash_attention=flash_attention)
+    else:
+        lay = base.layout
+        cp, n_devices = lay.cp, n_devices or lay.devices
+        if global_batch is not None and global_batch != lay.global_batch:
+            raise ValueError(f"{fn}: global_batch={global_batch} but the file trains on {lay.global_batch}; "
+                             "fix: omit global_batch (the file's is kept)")
+        batch = lay.global_batch // lay.interleave
+        kw = dict(hardware=hardware)
+        cfg = base
+    heads, ffn, layers = _dims(cfg)
     out = []
-    for mp in _divisors(n_devices):
-        for pp in _divisors(n_devices // mp):
-            dp = n_devices // (mp * pp)
-            if global_batch % dp:
+    for mp in _divisors(n_devices // cp) if n_devices % cp == 0 else []:
+        for pp in _divisors(n_devices // (cp * mp)):
+            dp = n_devices // (cp * mp * pp)
+            if batch % dp:
                 continue
-            ms = [m for m in (wanted or range(1, max_micro_batches + 1)) if (global_batch // dp) % m == 0]
-            for m in ms:
-                try:
-                    validate_layout(cfg, dp, mp, pp, m, n_devices=n_devices, global_batch=global_batch)
-                except ValueError:
-                    continue
+            for m in [m for m in (wanted or range(1, max_micro_batches + 1)) if (batch // dp) % m == 0]:
+                if heads % mp or ffn % mp or layers % pp or (pp > 1 and m < pp):
+                    continue                      # validate_layout's rules, which make_layout enforces
                 sched = dict(schedule=schedule, virtual_stages=virtual_stages,
-                             interleaved_order=interleaved_order) if pp > 1 else {}
-                if sched and schedule == "interleaved" and cfg.num_layers % (pp * virtual_stages):
+                             interleaved_order=interleaved_order) if pp > 1 and base is None else {}
+                if sched and schedule == "interleaved" and layers % (pp * virtual_stages):
                     continue
-                out.append(make_layout(cfg, dp, mp, pp, m, global_batch=global_batch, seq_len=seq_len,
-                                       zero_stage=zero_stage, sequence_parallel=sequence_parallel,
-                                       memory_budget_bytes=memory_budget_bytes, hardware=hardware,
-                                       flash_attention=flash_attention, **sched))
+                try:
+                    out.append(make_layout(cfg, dp, mp, pp, m, **kw, **sched))
+                except ValueError:                # a file's layout the doctor refuses (offsets, expert parallel)
+                    if base is None:
+                        raise
     if not out:
-        raise ValueError(f"{fn}: no valid layout for n_devices={n_devices}, global_batch={global_batch} with "
-                         f"num_heads={cfg.num_heads}, ffn_hidden_size={cfg.ffn_hidden_size}, "
-                         f"num_layers={cfg.num_layers}; fix: use a global_batch divisible by a factor of n_devices "
-                         "(e.g. a multiple of n_devices)")
+        raise ValueError(f"{fn}: no valid layout for n_devices={n_devices}, global_batch={batch} with "
+                         f"num_heads={heads}, ffn_hidden_size={ffn}, num_layers={layers}; fix: use a "
+                         "global_batch divisible by a factor of n_devices (e.g. a multiple of n_devices)")
 
     def key(l: Layout):
         unfit = l.fits is False
@@ -546,6 +614,134 @@ def find_layout(plans: Sequence[Layout], dp: int, mp: int, pp: int = 1, micro_ba
             return l
     raise ValueError(f"find_layout: no planned layout with dp={dp}, mp={mp}, pp={pp}, "
                      f"micro_batches={micro_batches}; fix: check validate_layout(...) for why it is invalid")
+
+
+def estimate_step_time(cfg: Any, layout: Layout, hardware: Hardware, *, global_batch: int | None = None,
+                       seq_len: int | None = None) -> dict[str, float]:
+    """`doctor.step_time` of the layout's doctor Config on `hardware` (its terms: compute_s, tp_s, ep_s, cp_s,
+    p2p_s, bubble_s, dp_s, optimizer_s, step_s, ...), plus comm_share: the communication terms' share of the step.
+
+    A layout from `make_layout` carries its Config; any other object with dp, mp, pp and micro_batches is priced
+    as `make_layout(cfg, dp, mp, pp, micro_batches, global_batch=..., seq_len=...)` would price it."""
+    dcfg = getattr(layout, "config", None)
+    if dcfg is None:
+        dcfg = make_layout(cfg, layout.dp, layout.mp, layout.pp, layout.micro_batches, global_batch=global_batch,
+                           seq_len=seq_len).config
+    if not isinstance(hardware, Hardware):
+        raise ValueError(f"estimate_step_time: hardware={type(hardware).__name__}; fix: pass a parallel.Hardware "
+                         "(Hardware.reference('ascend-910b'), Hardware.from_measurement(...))")
+    return _step(dcfg, hardware)
+
+
+def communication_bytes(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int = 1, *, global_batch: int,
+                        seq_len: int | None = None, zero_stage: int = 0, sequence_parallel: bool = False,
+                        flash_attention: bool = False) -> dict[str, int]:
+    """Bytes one device sends per optimizer step, by group, as the doctor prices them (`doctor.adapt.traffic_bytes`:
+    each group's collectives on the links of `make_layout`'s Config, with (n-1)/n of the buffer per ring pass).
+
+    Keys: dp (the gradient reduction: reduce-scatter + all-gather = one ring all-reduce of the stage's gradients),
+    tp (per layer and micro-batch 4 all-reduces of the b·s·h 16-bit activations, 6 under full recompute),
+    pp (per micro-batch one activation forward and one gradient back), ep, cp, total, and the pieces they come
+    from: grad_buffer_bytes (the stage's gradients), tp_buffer_bytes (one b·s·h all-reduce), tp_allreduces.
+
+        >>> from mshelpers.config import RunConfig
+        >>> c = communication_bytes(RunConfig.preset("mini"), 2, 1, 1, global_batch=8)
+        >>> c["dp"] == 3_688_704 * 4, c["tp"], c["pp"]       # 2 ranks: one fp32 gradient copy each way
+        (True, 0, 0)
+    """
+    lay = make_layout(cfg, dp, mp, pp, micro_batches, global_batch=global_batch, seq_len=seq_len,
+                      zero_stage=zero_stage, sequence_parallel=sequence_parallel, flash_attention=flash_attention)
+    D, adapt = _doctor(), _doctor("adapt")
+    t = adapt.traffic_bytes(lay.config)
+    d = lay.config.layout
+    stage = lay.config.model
+    grad = sum(D.stage_params(lay.config, 0)) * d.param_bytes
+    buf = tp_allreduce_buffer_bytes(d.batch * d.interleave, stage.seq // d.cp, stage.hidden, 2)
+    out = {k: round(t[k]) for k in ("dp", "tp", "pp", "ep", "cp", "total")}
+    out.update(grad_buffer_bytes=round(grad), tp_buffer_bytes=buf,
+               tp_allreduces=round(t["tp"] / ring_allreduce_bytes(buf, mp)) if mp > 1 else 0)
+    return out
+
+
+def _file_config(fn: str, cfg: Any, budget: Any, model_config: Any, hardware: Any) -> Any:
+    """A doctor Config for a mindformers file (path, parsed dict) or a doctor Config; None for a RunConfig. Its
+    budget: `budget`, else the file's max_device_memory, else the hardware's memory (the CLI's rule)."""
+    is_cfg = all(hasattr(cfg, a) for a in ("model", "layout", "dialect", "budget_bytes"))
+    if not (is_cfg or isinstance(cfg, (str, os.PathLike)) or (isinstance(cfg, dict) and (
+            "model" in cfg or "training" in cfg))):
+        return None
+    D = _doctor()
+    if is_cfg:
+        c = cfg if budget is None else replace(cfg, budget_bytes=int(budget))
+    else:
+        c = D.read_config(cfg, budget=budget, model_config=model_config)
+    if c.budget_bytes is None:
+        c = replace(c, budget_bytes=int((hardware or Hardware.reference("ascend-910b")).memory_bytes))
+    return c
+
+
+def _vary(fn: str, base: Any, dp: int, mp: int, pp: int, m: int) -> Any:
+    """`base` on dp x mp x pp with m micro-batches (pipeline micro-batches with pp > 1, else gradient
+    accumulation), the same global batch: `doctor.with_layout`, as the doctor's own search does."""
+    lay = base.layout
+    for n, v in (("dp", dp), ("mp", mp), ("pp", pp), ("micro_batches", m)):
+        _pos(fn, n, v)
+    validate_layout(base, dp, mp, pp, m, n_devices=dp * mp * pp, global_batch=lay.global_batch // lay.interleave)
+    if (dp, mp, pp, m) == (lay.dp, lay.tp, lay.pp, lay.n_micro):
+        return base
+    kw = dict(data_parallel=dp, model_parallel=mp, pipeline_stage=pp, micro_batch_num=m if pp > 1 else 1,
+              gradient_accumulation_steps=1 if pp > 1 else m,
+              batch_size=lay.global_batch // (lay.interleave * dp * m))
+    if pp != lay.pp:
+        kw["offset"] = 0
+        if lay.vpp > 1:
+            kw["pp_interleave_num"] = 1
+    return _doctor().with_layout(base, **kw)
+
+
+def _priced(dcfg: Any, hardware: Any, schedule: str, v: int, order: str, fits_known: bool) -> Layout:
+    """The planner's Layout for a doctor Config: memory and traffic from the doctor, step time on `hardware`."""
+    D, adapt = _doctor(), _doctor("adapt")
+    lay = dcfg.layout
+    mem = D.memory_per_stage(dcfg)
+    totals, parts = list(mem["per_stage_bytes"]), [dict(p) for p in mem["per_stage_breakdown"]]
+    if lay.pp > 1 and (schedule == "gpipe" or (schedule == "interleaved" and order == "memory")):
+        held = pipeline_in_flight(lay.pp, lay.micro, schedule, v, interleaved_order=order)
+        for i in range(lay.pp):
+            act = adapt.stage_activations(dcfg, i)
+            extra = math.ceil((held[i] - act["in_flight"]) * act["per_micro_batch"])
+            totals[i] += extra
+            parts[i]["activations"] += extra
+    stage = max(range(lay.pp), key=lambda k: totals[k])
+    part, total = parts[stage], totals[stage]
+    t = adapt.traffic_bytes(dcfg)
+    return Layout(dp=lay.dp, mp=lay.tp, pp=lay.pp, micro_batches=lay.n_micro, micro_batch_size=lay.batch,
+                  memory_per_device_bytes=total, comm_bytes_per_step=round(t["total"]),
+                  bubble_fraction=pipeline_bubble_fraction(lay.pp, lay.n_micro, v if lay.pp > 1 else 1),
+                  comm_dp_bytes=round(t["dp"]), comm_tp_bytes=round(t["tp"]), comm_pp_bytes=round(t["pp"]),
+                  model_state_bytes=part["params"] + part["grads"] + part["optimizer_states"]
+                  + part["grad_accum_buffer"], activation_bytes=part["activations"],
+                  fits=(total <= dcfg.budget_bytes) if fits_known else None,
+                  step_time=_step(dcfg, hardware) if hardware is not None else None,
+                  schedule=schedule if lay.pp > 1 else "1f1b", virtual_stages=v if lay.pp > 1 else 1,
+                  interleaved_order=order, cp=lay.cp, ep=lay.ep, comm_ep_bytes=round(t["ep"]),
+                  comm_cp_bytes=round(t["cp"]), config=dcfg)
+
+
+def _step(dcfg: Any, hardware: Hardware) -> dict:
+    hw, cal = hardware.to_doctor()
+    st = dict(_doctor().step_time(dcfg, hw, cal))
+    comm = sum(st.get(k, 0.0) for k in ("tp_s", "ep_s", "cp_s", "p2p_s", "dp_s"))
+    st["comm_share"] = comm / st["step_s"] if st["step_s"] else 0.0
+    return st
+
+
+def _dims(cfg: Any) -> tuple[int, int, int]:
+    """(heads, FFN width, layers) of a RunConfig-like object or a doctor Config."""
+    m = getattr(cfg, "model", None)
+    if m is not None and all(hasattr(m, a) for a in ("heads", "ffn", "layers")):
+        return m.heads, m.ffn, m.layers
+    return tuple(_cfg_int(cfg, k) for k in ("num_heads", "ffn_hidden_size", "num_layers"))
 
 
 # ---------------------------------------------------------------- collectives measured on this machine
@@ -722,24 +918,29 @@ def fit_alpha_beta(rows: Iterable[dict], op: str, *, weighting: str = "relative"
 
 def collective_time(op: str, nbytes: float, group_size: int, hardware: Hardware, *,
                     crosses_nodes: bool = False) -> float:
-    """Seconds one collective of `nbytes` (the full buffer, as in measure_collectives) takes under `hardware`.
+    """Seconds one collective of `nbytes` (the full buffer, as in measure_collectives) takes under `hardware`,
+    on the links the doctor prices a group's collective on (`doctor.topology.ring_link`; no fitted factor).
 
-    latency + (bytes each rank sends) / (per-device link bandwidth), with ring volumes:
-    all-reduce 2(n-1)/n·S, all-gather and reduce-scatter (n-1)/n·S, broadcast S.
-    This is the same model estimate_step_time uses for the planner's traffic.
+    Per pass: latency + (n-1)/n·S / bandwidth; an all-reduce is 2 passes (reduce-scatter + all-gather), an
+    all-gather or reduce-scatter 1, a broadcast sends S once. The group is n consecutive ranks of one node, or
+    with `crosses_nodes` one rank on each of n nodes. tests/test_one_price.py holds this equal to the gradient
+    reduction of the doctor's data-parallel step.
 
         >>> hw = Hardware(1e12, intra_node_bytes_per_s=1e9, inter_node_bytes_per_s=1e8, intra_node_latency_s=1e-4)
         >>> round(collective_time("all_reduce", 1e6, 2, hw), 6), round(collective_time("all_gather", 1e6, 4, hw), 6)
-        (0.0011, 0.00085)
+        (0.0012, 0.00085)
     """
     if op not in COLLECTIVES:
         raise ValueError(f"collective_time: op={op!r} is unknown; fix: use one of {COLLECTIVES}")
     group_size = _pos("collective_time", "group_size", group_size)
     if group_size == 1:
         return 0.0
-    bw = hardware.inter_node_bytes_per_s if crosses_nodes else hardware.intra_node_bytes_per_s
-    lat = hardware.inter_node_latency_s if crosses_nodes else hardware.intra_node_latency_s
-    return lat + _send_factor(op, group_size) * nbytes / bw
+    topology = _sibling("doctor.topology")
+    dh = hardware.to_doctor()[0]
+    node = dh.devices_per_node
+    ranks = [k * node for k in range(group_size)] if crosses_nodes else list(range(group_size))
+    bw, lat = topology.ring_link(dh, topology.span(ranks, node if crosses_nodes else max(node, group_size)))
+    return _passes(op) * lat + _send_factor(op, group_size) * nbytes / bw
 
 
 def _send_factor(op: str, n: int) -> float:
@@ -749,6 +950,11 @@ def _send_factor(op: str, n: int) -> float:
     if op in ("all_gather", "reduce_scatter"):
         return (n - 1) / n
     return 1.0
+
+
+def _passes(op: str) -> int:
+    """Ring passes of a collective, each paying the latency once (the doctor's reduce-scatter + all-gather)."""
+    return 2 if op == "all_reduce" else 1
 
 
 # ---------------------------------------------------------------- data-parallel shard check
@@ -926,35 +1132,31 @@ def pipeline_activation_bytes(stage_bytes_per_micro_batch: float, pp: int, micro
     return math.ceil(held[stage] * stage_bytes_per_micro_batch)
 
 
-def stage_activation_bytes(cfg: Any, layout: Any, schedule: str = "1f1b", virtual_stages: int = 1, *,
-                           seq_len: int | None = None, stage: int = 0, sequence_parallel: bool = False,
-                           interleaved_order: str = "standard", bytes_per_value: int | None = None,
-                           flash_attention: bool = False) -> dict:
-    """A layout's peak activation memory on one pipeline stage under a schedule (first stage by default).
-
-    Per layer: `mshelpers.memory.activation_bytes_per_layer` for the layout's micro-batch
-    (layout.micro_batch_size sequences), mp as tp and cfg.recompute; times num_layers/pp;
-    times `pipeline_in_flight`. Excludes the output logits and recompute working set that
-    `memory.estimate` adds. Keys: in_flight, layers_per_stage, per_layer_bytes,
-    micro_batch_bytes (one micro-batch on the stage), bytes.
+def stage_activation_bytes(layout: Layout, schedule: str = "1f1b", virtual_stages: int = 1, *, stage: int = 0,
+                           interleaved_order: str = "standard") -> dict:
+    """A planned layout's activations on one pipeline stage under a schedule (first stage by default): one
+    micro-batch's stored activations on that stage as the doctor counts them (`doctor.adapt.stage_activations`
+    of `layout.config`: mindformers' LLaMA block per layer, each in its recompute mode) times the micro-batches
+    `pipeline_in_flight` holds. Excludes the logits and the recompute working set. Keys: in_flight,
+    layers_per_stage, per_layer_bytes (the stage's mean), micro_batch_bytes (one micro-batch on the stage), bytes.
     """
-    activation_bytes_per_layer = _sibling("memory", "activation_bytes_per_layer")   # imported here: this module runs without its siblings
-    s = seq_len or _cfg_int(cfg, "seq_len")
-    half = getattr(cfg, "compute_dtype", "float32") in _HALF
-    bpv = bytes_per_value or (2 if half else 4)
-    b = getattr(layout, "micro_batch_size", None) or 1
-    layers = _cfg_int(cfg, "num_layers")
+    fn = "stage_activation_bytes"
+    dcfg = getattr(layout, "config", None)
+    if dcfg is None:
+        raise ValueError(f"{fn}: layout={type(layout).__name__} has no doctor config; fix: pass a Layout from "
+                         "make_layout or plan_parallel_layout")
+    virtual_stages = _pos(fn, "virtual_stages", virtual_stages)
+    layers = dcfg.model.layers
     if layers % (layout.pp * virtual_stages):
-        raise ValueError(f"stage_activation_bytes: num_layers={layers} is not divisible by pp*virtual_stages = "
+        raise ValueError(f"{fn}: num_layers={layers} is not divisible by pp*virtual_stages = "
                          f"{layout.pp}*{virtual_stages}; fix: choose virtual_stages dividing {layers // layout.pp}")
-    per_layer = activation_bytes_per_layer(s, b, _cfg_int(cfg, "hidden_size"), _cfg_int(cfg, "num_heads"),
-                                           tp=layout.mp, sequence_parallel=sequence_parallel,
-                                           recompute=getattr(cfg, "recompute", "none"), bytes_per_value=bpv,
-                                           flash_attention=flash_attention)
-    per_mb = per_layer * (layers // layout.pp)
-    held = pipeline_in_flight(layout.pp, layout.micro_batches, schedule, virtual_stages,
+    if not (isinstance(stage, int) and 0 <= stage < layout.pp):
+        raise ValueError(f"{fn}: stage={stage!r} is invalid; fix: use 0 <= stage < pp={layout.pp}")
+    act = _doctor("adapt").stage_activations(dcfg, stage)
+    held = pipeline_in_flight(layout.pp, dcfg.layout.micro if layout.pp > 1 else 1, schedule, virtual_stages,
                               interleaved_order=interleaved_order)[stage]
-    return {"in_flight": held, "layers_per_stage": layers // layout.pp, "per_layer_bytes": per_layer,
+    per_mb = act["per_micro_batch"]
+    return {"in_flight": held, "layers_per_stage": act["layers"], "per_layer_bytes": per_mb / max(act["layers"], 1),
             "micro_batch_bytes": per_mb, "bytes": math.ceil(held * per_mb)}
 
 
@@ -1022,7 +1224,8 @@ def mindformers_parallel_config(layout: Layout, *, vocab_emb_dp: bool = True, us
 
 def mindformers_yaml(cfg: Any, layout: Layout, *, seq_len: int | None = None, zero_stage: int = 1,
                      max_device_memory_gb: int = 58, use_flash_attention: bool = True,
-                     recompute: bool | None = None, select_recompute: bool | None = None) -> dict:
+                     recompute: bool | None = None, select_recompute: bool | None = None,
+                     sequence_parallel: bool = False, virtual_stages: int = 1) -> dict:
     """A complete mindformers training YAML (as a dict) for `layout`, in the shape of mindformers' published
     `configs/llama2/pretrain_llama2_7b.yaml`; `validate_mindformers_yaml` loads it with mindformers' classes.
 
@@ -1030,7 +1233,9 @@ def mindformers_yaml(cfg: Any, layout: Layout, *, seq_len: int | None = None, ze
     × micro_batch_num × gradient_accumulation_steps, with batch_size = sequences per micro-batch per dp rank.
     With pp = 1 the layout's micro-batches become gradient_accumulation_steps; with pp > 1, micro_batch_num.
     zero_stage ≥ 1 turns on MindSpore's parallel optimizer (optimizer states sharded over dp), the
-    assumption `plan_parallel_layout(..., zero_stage=1)` prices.
+    assumption `plan_parallel_layout(..., zero_stage=1)` prices. `sequence_parallel` sets use_seq_parallel (with
+    mp > 1); `virtual_stages` > 1 sets pp_interleave_num and parallel.pipeline_config.pipeline_interleave. The
+    planner prices exactly this file (`make_layout` reads it with `doctor.read_config`).
     """
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"mindformers_yaml: zero_stage={zero_stage!r} is invalid; fix: 0, 1, 2 or 3")
@@ -1049,6 +1254,14 @@ def mindformers_yaml(cfg: Any, layout: Layout, *, seq_len: int | None = None, ze
     kv = getattr(cfg, "num_kv_heads", None)
     if kv and kv != model_config["num_heads"]:
         model_config["n_kv_heads"] = kv
+    parallel = {"parallel_mode": 1, "gradients_mean": False, "full_batch": True,
+                "search_mode": "sharding_propagation", "enable_parallel_optimizer": zero_stage >= 1,
+                "strategy_ckpt_save_file": "./ckpt_strategy.ckpt",
+                "parallel_optimizer_config": {"gradient_accumulation_shard": zero_stage >= 2,
+                                              "parallel_optimizer_threshold": 64}}
+    if virtual_stages > 1:
+        model_config["pp_interleave_num"] = virtual_stages
+        parallel["pipeline_config"] = {"pipeline_interleave": True, "pipeline_scheduler": "1f1b"}
     return {
         "seed": int(getattr(cfg, "seed", 0)), "output_dir": "./output", "run_mode": "train",
         "trainer": {"type": "CausalLanguageModelingTrainer", "model_name": "llama2"},
@@ -1063,12 +1276,8 @@ def mindformers_yaml(cfg: Any, layout: Layout, *, seq_len: int | None = None, ze
                           "batch_size": layout.micro_batch_size, "repeat": 1, "num_parallel_workers": 8},
         "train_dataset_task": {"type": "CausalLanguageModelDataset"},
         "use_parallel": True,
-        "parallel": {"parallel_mode": 1, "gradients_mean": False, "full_batch": True,
-                     "search_mode": "sharding_propagation", "enable_parallel_optimizer": zero_stage >= 1,
-                     "strategy_ckpt_save_file": "./ckpt_strategy.ckpt",
-                     "parallel_optimizer_config": {"gradient_accumulation_shard": zero_stage >= 2,
-                                                   "parallel_optimizer_threshold": 64}},
-        "parallel_config": mindformers_parallel_config(layout),
+        "parallel": parallel,
+        "parallel_config": mindformers_parallel_config(layout, use_seq_parallel=sequence_parallel and layout.mp > 1),
         "micro_batch_interleave_num": 1,
         "recompute_config": {"recompute": (rc == "full") if recompute is None else recompute,
                              "select_recompute": (rc == "selective") if select_recompute is None else select_recompute,
@@ -1205,12 +1414,6 @@ def auto_parallel_plan(layout: Layout, zero_stage: int = 1) -> dict:
 
 
 # ---------------------------------------------------------------- internals
-def _with_time(lay: Layout, cfg: Any, hw: Hardware, global_batch: int, seq_len: int) -> Layout:
-    d = asdict(lay)
-    d["step_time"] = estimate_step_time(cfg, lay, hw, global_batch=global_batch, seq_len=seq_len)
-    return Layout(**d)
-
-
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 

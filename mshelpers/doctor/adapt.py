@@ -1,0 +1,68 @@
+"""The doctor's prices in the planner's terms (mshelpers.parallel, notebook 05): bytes per group and the
+activations one micro-batch leaves on a stage. Both are read off the doctor's own model, never recounted:
+
+  traffic_bytes(cfg)          bytes one device of the busiest stage sends per optimizer step, per group (TP, EP,
+                              CP, PP point-to-point, DP): `cost.step_time` on links of 1 byte/s with no latency,
+                              all in one node, and comm_time_factor 1, so each time term is its byte count
+  stage_activations(cfg, i)   one micro-batch's stored activations on stage i, the recompute working set, the
+                              logits, and the in-flight micro-batches `cost.memory_per_stage` multiplies by
+
+A planner that prices a layout through these and through `cost.memory_per_stage` / `cost.step_time` says what
+the CLI says for the same file (tests/test_one_price.py holds every fixture YAML to that).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import cost
+from .calibration import Calibration
+from .describe import Config, DoctorError, _sibling
+from .hardware import DoctorHardware
+
+# A link of 1 byte/s, no latency, every rank in one node: a collective's time is then the bytes each device sends
+# (peak and HBM so large that compute and the optimizer round to 0 and the busiest stage is the one that sends most)
+_UNIT = DoctorHardware(name="1 byte/s links (traffic count)", peak_flops={"float16": 1e300, "bfloat16": 1e300,
+                       "float32": 1e300}, hbm_bytes_per_s=1e300, intra_link_bytes_per_s=1.0, links_per_device=1,
+                       inter_bytes_per_s=1.0, devices_per_node=1 << 40, intra_latency_s=0.0, inter_latency_s=0.0,
+                       memory_bytes=1.0, dp_overlap=0.0)
+_NO_FACTOR = Calibration(compute_efficiency=1.0, comm_time_factor=1.0)
+
+
+def traffic_bytes(cfg: Config) -> dict[str, float]:
+    """Bytes one device sends per optimizer step, by group: tp, ep, cp, pp (point-to-point), dp (the whole
+    reduction, hidden part included) and total. A ring collective over n ranks counts (n - 1)/n of its buffer
+    per pass, as the doctor prices it (an all-reduce is a reduce-scatter and an all-gather: 2 passes)."""
+    st = cost.step_time(cfg, _UNIT, _NO_FACTOR)
+    out = {"tp": st["tp_s"], "ep": st["ep_s"], "cp": st["cp_s"], "pp": st["p2p_s"], "dp": st["dp_total_s"]}
+    out["total"] = sum(out.values())
+    return out
+
+
+def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
+    """Stage i's activations as `cost.memory_per_stage` counts them: per_micro_batch (the layers' stored bytes for
+    one micro-batch, each layer in its recompute mode), working (one layer rematerialised under recompute),
+    output (logits on the last stage), in_flight (micro-batches held under 1F1B, x the interleaved factor) and
+    bytes = per_micro_batch x in_flight + working + output (swap: the two largest layers stay on device)."""
+    mem = _sibling("memory")
+    m, lay = cfg.model, cfg.layout
+    if not (isinstance(i, int) and 0 <= i < lay.pp):
+        raise DoctorError("stage", i, f"0 <= stage < pp = {lay.pp}")
+    ids = cost.stage_layer_ids(cfg)[i]
+    bpv = 2 if lay.compute_dtype in ("float16", "bfloat16") else 4
+    seq = m.seq // lay.cp
+    full = lay.full_recompute[i]
+    sel = max((k for _, k in lay.select_ops[i]), default=0)
+    per_layer = [cost._layer_activation(mem, m, lay, j, seq, "full" if k < full else "selective" if k < full + sel
+                                        else "none", bpv) for k, j in enumerate(ids)]
+    working = 0
+    if (full or sel) and ids:
+        working = cost._layer_activation(mem, m, lay, ids[0], seq, "none", bpv) - min(per_layer)
+    stored = sum(sorted(per_layer, reverse=True)[:2]) if lay.swap and ids else sum(per_layer)
+    inflight = min(lay.pp - i, lay.micro) if lay.pp > 1 else 1
+    if lay.vpp > 1 and lay.pp > 1:
+        inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
+    output = 0
+    if i == lay.pp - 1:
+        output = mem.output_activation_bytes(seq, lay.batch, m.vocab, tp=lay.tp, bytes_per_value=bpv) * (1 + m.mtp)
+    return {"layers": len(ids), "per_layer": per_layer, "per_micro_batch": stored, "working": working,
+            "output": output, "in_flight": inflight, "bytes": stored * inflight + working + output}
