@@ -64,10 +64,8 @@ def _sibling(module: str, *names: str) -> Any:
     return mod if not names else got[0] if len(names) == 1 else got
 
 
-def _doctor(room: str | None = None) -> Any:
-    """The doctor (mshelpers/doctor/, copied beside this file as its folder), or one of its rooms: the one cost
-    model the planner prices with."""
-    return _sibling("doctor" if room is None else f"doctor.{room}")
+# The one cost model the planner prices with is the config doctor (mshelpers/doctor/, copied beside this file as
+# its folder): `_sibling("doctor")` inside the functions that price, so the rest of this module copies alone.
 
 
 # ---------------------------------------------------------------- small formulas
@@ -311,7 +309,7 @@ class Hardware:
     def to_doctor(self) -> tuple[Any, Any]:
         """(DoctorHardware, Calibration) that `doctor.cost.step_time` prices with. A view made by `from_doctor`
         gives back its profile, with any figure changed since (`dataclasses.replace`) changed in it too."""
-        D = _doctor()
+        D = _sibling("doctor")
         mine = self._doctor_fields()
         if self.doctor_profile is not None:
             was = Hardware.from_doctor(self.doctor_profile, self.calibration)._doctor_fields()
@@ -433,7 +431,7 @@ class _Profiles(dict):
     def __missing__(self, name: str) -> Hardware:
         if name != "ascend-910b":
             raise KeyError(name)
-        D = _doctor()
+        D = _sibling("doctor")
         hw = Hardware.from_doctor(D.hardware("atlas-800t-a2"), D.CALIBRATION,
                                   name="Huawei Ascend 910B (Atlas 800T A2, 376T bin: HCCS full mesh + RoCE)")
         self[name] = hw
@@ -502,7 +500,7 @@ def make_layout(cfg: Any, dp: int | None = None, mp: int | None = None, pp: int 
         spec = mindformers_yaml(cfg, skeleton, seq_len=s, zero_stage=zero_stage, use_flash_attention=flash_attention,
                                 sequence_parallel=sequence_parallel,
                                 virtual_stages=virtual_stages if schedule == "interleaved" else 1)
-        priced = _doctor().read_config(spec, budget=memory_budget_bytes)
+        priced = _sibling("doctor").read_config(spec, budget=memory_budget_bytes)
         return _priced(priced, hardware, schedule, virtual_stages, interleaved_order, memory_budget_bytes is not None)
     for n, v, default in (("zero_stage", zero_stage, 0), ("sequence_parallel", sequence_parallel, False),
                           ("flash_attention", flash_attention, False), ("seq_len", seq_len, None),
@@ -642,7 +640,8 @@ def communication_bytes(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int 
     Keys: dp (the gradient reduction: reduce-scatter + all-gather = one ring all-reduce of the stage's gradients),
     tp (per layer and micro-batch 4 all-reduces of the b·s·h 16-bit activations, 6 under full recompute),
     pp (per micro-batch one activation forward and one gradient back), ep, cp, total, and the pieces they come
-    from: grad_buffer_bytes (the stage's gradients), tp_buffer_bytes (one b·s·h all-reduce), tp_allreduces.
+    from: grad_buffer_bytes (the stage's gradients), tp_buffer_bytes (one b·s·h all-reduce at 16 bits, as the
+    doctor sends activations), tp_allreduces. The stage counted is the first that sends the most.
 
         >>> from mshelpers.config import RunConfig
         >>> c = communication_bytes(RunConfig.preset("mini"), 2, 1, 1, global_batch=8)
@@ -651,12 +650,11 @@ def communication_bytes(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int 
     """
     lay = make_layout(cfg, dp, mp, pp, micro_batches, global_batch=global_batch, seq_len=seq_len,
                       zero_stage=zero_stage, sequence_parallel=sequence_parallel, flash_attention=flash_attention)
-    D, adapt = _doctor(), _doctor("adapt")
+    D, adapt = _sibling("doctor"), _sibling("doctor.adapt")
     t = adapt.traffic_bytes(lay.config)
-    d = lay.config.layout
-    stage = lay.config.model
-    grad = sum(D.stage_params(lay.config, 0)) * d.param_bytes
-    buf = tp_allreduce_buffer_bytes(d.batch * d.interleave, stage.seq // d.cp, stage.hidden, 2)
+    d, model = lay.config.layout, lay.config.model
+    grad = sum(D.stage_params(lay.config, t["stage"])) * d.param_bytes
+    buf = tp_allreduce_buffer_bytes(d.batch * d.interleave, model.seq // d.cp, model.hidden, 2)
     out = {k: round(t[k]) for k in ("dp", "tp", "pp", "ep", "cp", "total")}
     out.update(grad_buffer_bytes=round(grad), tp_buffer_bytes=buf,
                tp_allreduces=round(t["tp"] / ring_allreduce_bytes(buf, mp)) if mp > 1 else 0)
@@ -670,7 +668,7 @@ def _file_config(fn: str, cfg: Any, budget: Any, model_config: Any, hardware: An
     if not (is_cfg or isinstance(cfg, (str, os.PathLike)) or (isinstance(cfg, dict) and (
             "model" in cfg or "training" in cfg))):
         return None
-    D = _doctor()
+    D = _sibling("doctor")
     if is_cfg:
         c = cfg if budget is None else replace(cfg, budget_bytes=int(budget))
     else:
@@ -696,12 +694,12 @@ def _vary(fn: str, base: Any, dp: int, mp: int, pp: int, m: int) -> Any:
         kw["offset"] = 0
         if lay.vpp > 1:
             kw["pp_interleave_num"] = 1
-    return _doctor().with_layout(base, **kw)
+    return _sibling("doctor").with_layout(base, **kw)
 
 
 def _priced(dcfg: Any, hardware: Any, schedule: str, v: int, order: str, fits_known: bool) -> Layout:
     """The planner's Layout for a doctor Config: memory and traffic from the doctor, step time on `hardware`."""
-    D, adapt = _doctor(), _doctor("adapt")
+    D, adapt = _sibling("doctor"), _sibling("doctor.adapt")
     lay = dcfg.layout
     mem = D.memory_per_stage(dcfg)
     totals, parts = list(mem["per_stage_bytes"]), [dict(p) for p in mem["per_stage_breakdown"]]
@@ -730,7 +728,7 @@ def _priced(dcfg: Any, hardware: Any, schedule: str, v: int, order: str, fits_kn
 
 def _step(dcfg: Any, hardware: Hardware) -> dict:
     hw, cal = hardware.to_doctor()
-    st = dict(_doctor().step_time(dcfg, hw, cal))
+    st = dict(_sibling("doctor").step_time(dcfg, hw, cal))
     comm = sum(st.get(k, 0.0) for k in ("tp_s", "ep_s", "cp_s", "p2p_s", "dp_s"))
     st["comm_share"] = comm / st["step_s"] if st["step_s"] else 0.0
     return st
@@ -1152,7 +1150,7 @@ def stage_activation_bytes(layout: Layout, schedule: str = "1f1b", virtual_stage
                          f"{layout.pp}*{virtual_stages}; fix: choose virtual_stages dividing {layers // layout.pp}")
     if not (isinstance(stage, int) and 0 <= stage < layout.pp):
         raise ValueError(f"{fn}: stage={stage!r} is invalid; fix: use 0 <= stage < pp={layout.pp}")
-    act = _doctor("adapt").stage_activations(dcfg, stage)
+    act = _sibling("doctor.adapt").stage_activations(dcfg, stage)
     held = pipeline_in_flight(layout.pp, dcfg.layout.micro if layout.pp > 1 else 1, schedule, virtual_stages,
                               interleaved_order=interleaved_order)[stage]
     per_mb = act["per_micro_batch"]

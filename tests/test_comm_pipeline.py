@@ -99,7 +99,7 @@ def test_hardware_from_measurement_gives_back_the_measured_time():
     rows = _rows(4e-3, 9e7, SIZES)
     hw = Hardware.from_measurement(rows, peak_flops_per_device=2e11)
     assert hw.name == "this machine (measured)" and hw.devices_per_node == 2
-    assert hw.intra_node_latency_s == pytest.approx(4e-3)
+    assert hw.intra_node_latency_s == pytest.approx(4e-3 / 2)          # alpha over the all-reduce's 2 passes
     # 2 ranks: a ring all-reduce sends 2(n-1)/n = 1 byte per buffer byte, so the link bandwidth is beta
     assert hw.intra_node_bytes_per_s == pytest.approx(9e7)
     for b in SIZES:
@@ -154,12 +154,12 @@ def test_latency_enters_the_step_time_only_when_given():
     base = Hardware(1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=1e10)
     slow = Hardware(1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=1e10, intra_node_latency_s=1e-3,
                     inter_node_latency_s=1e-2)
-    a = estimate_step_time(L7, lay, base, global_batch=64, seq_len=4096)
-    b = estimate_step_time(L7, lay, slow, global_batch=64, seq_len=4096)
-    n_tp = 8 * (parallel.tp_allreduces_per_micro_batch(32 // 4) - 1)
-    assert b["tp_comm_s"] - a["tp_comm_s"] == pytest.approx(n_tp * 1e-3)       # 4-way tp inside a node
-    assert b["dp_comm_s"] - a["dp_comm_s"] == pytest.approx(1e-3)              # dp span 8: inside
-    assert b["pp_comm_s"] - a["pp_comm_s"] == pytest.approx(2 * 8 * 1e-2)      # stages 8 ranks apart: across
+    a = estimate_step_time(L7, lay, base)
+    b = estimate_step_time(L7, lay, slow)
+    n_tp = 8 * 8 * 8                     # micro-batches x layers a stage x (4 all-reduces of 2 passes)
+    assert b["tp_s"] - a["tp_s"] == pytest.approx(n_tp * 1e-3)                 # 4-way tp inside a node
+    assert b["dp_total_s"] - a["dp_total_s"] == pytest.approx(2 * 1e-3)         # dp ranks 4 apart: inside, 2 passes
+    assert b["p2p_s"] - a["p2p_s"] == pytest.approx(2 * 8 * 1e-2)              # stages 8 ranks apart: across
 
 
 # ---------------------------------------------------------------- pipeline: bubble
@@ -239,36 +239,46 @@ def test_activation_bytes_follow_the_in_flight_count():
         pipeline_activation_bytes(1000, 4, 8, stage=4)
 
 
-def test_stage_activation_bytes_agrees_with_the_memory_estimate_for_1f1b():
-    from mshelpers import memory
+def test_stage_activation_bytes_agrees_with_the_doctors_memory_for_1f1b():
+    from mshelpers import doctor
+    from mshelpers.doctor import adapt
     lay = make_layout(L7, 2, 4, 4, 8, global_batch=64, seq_len=4096)
-    one = stage_activation_bytes(L7, lay, "1f1b", seq_len=4096)
-    run = L7.replace(batch_size=64, seq_len=4096)
-    est = memory.estimate(run, n_devices=32, layout=lay)
-    assert one["in_flight"] == 4 and one["per_layer_bytes"] == est["activations_per_layer"]
-    stored = est["activations"] - est["output_activations"] - est["recompute_working_set"]
-    assert one["bytes"] == stored
-    gp = stage_activation_bytes(L7, lay, "gpipe", seq_len=4096)
-    il = stage_activation_bytes(L7, lay, "interleaved", 2, seq_len=4096)
+    one = stage_activation_bytes(lay, "1f1b")
+    mem = doctor.memory_per_stage(lay.config)["per_stage_breakdown"][0]
+    act = adapt.stage_activations(lay.config, 0)
+    assert one["in_flight"] == act["in_flight"] == 4 and act["output"] == 0          # the logits live on stage 3
+    assert one["bytes"] == mem["activations"] - act["working"]
+    gp = stage_activation_bytes(lay, "gpipe")
+    il = stage_activation_bytes(lay, "interleaved", 2)
     assert gp["bytes"] == 2 * one["bytes"] and il["bytes"] == math.ceil(one["micro_batch_bytes"] * 5.5)
     with pytest.raises(ValueError, match="virtual_stages"):
-        stage_activation_bytes(L7, lay, "interleaved", 3, seq_len=4096)
+        stage_activation_bytes(lay, "interleaved", 3)
 
 
 def test_the_planner_costs_a_layout_under_its_schedule():
+    from mshelpers import doctor
     from mshelpers.parallel import plan_parallel_layout
     kw = dict(global_batch=64, seq_len=4096)
     base = make_layout(L7, 2, 4, 4, 8, **kw)
     assert make_layout(L7, 2, 4, 4, 8, schedule="1f1b", **kw) == base           # the default is 1F1B
-    stage = stage_activation_bytes(L7, base, "1f1b", seq_len=4096)["micro_batch_bytes"]
+    stage = stage_activation_bytes(base, "1f1b")["micro_batch_bytes"]
+    got = {}
     for sched, v, order, held in (("gpipe", 1, "standard", 8), ("interleaved", 2, "standard", 5.5),
                                   ("interleaved", 4, "standard", 4.75), ("interleaved", 2, "memory", 4)):
         lay = make_layout(L7, 2, 4, 4, 8, schedule=sched, virtual_stages=v, interleaved_order=order, **kw)
-        extra = math.ceil((held - 4) * stage)
-        assert lay.memory_per_device_bytes == base.memory_per_device_bytes + extra
-        assert lay.activation_bytes == base.activation_bytes + extra
+        got[sched, v, order] = lay
         assert lay.bubble_fraction == pytest.approx(pipeline_bubble_fraction(4, 8, v))
         assert (lay.schedule, lay.virtual_stages) == (sched, v) and sched in lay.name
+        assert lay.config.layout.vpp == v                                   # the YAML's pp_interleave_num
+        if order == "standard" and sched == "interleaved":                  # the doctor prices it as it is
+            assert lay.memory_per_device_bytes == doctor.memory_per_stage(lay.config)["memory_per_device_bytes"]
+        else:                     # the doctor counts 1F1B's (or Megatron's) micro-batches; the schedule holds more/fewer
+            assert lay.memory_per_device_bytes >= base.memory_per_device_bytes + math.ceil(
+                (held - 4) * stage) if sched == "gpipe" else lay.memory_per_device_bytes < doctor.memory_per_stage(
+                lay.config)["memory_per_device_bytes"]
+    # what the schedules hold, in the order of the micro-batches they keep on the first stage
+    assert got["gpipe", 1, "standard"].memory_per_device_bytes > got["interleaved", 2, "standard"]. \
+        memory_per_device_bytes > got["interleaved", 4, "standard"].memory_per_device_bytes > base.memory_per_device_bytes
     plans = plan_parallel_layout(L7, 32, micro_batches=[8], schedule="interleaved", virtual_stages=4, **kw)
     for p in plans:
         if p.pp > 1:
@@ -341,31 +351,39 @@ def _fit(op="all_reduce", ranks=2):
 
 
 def test_hardware_from_measurement_sets_every_field_and_source_exactly():
+    import dataclasses
     hw = Hardware.from_measurement(_fit(), peak_flops_per_device=2 * 10**11)
     assert hw == Hardware(peak_flops_per_device=2e11, intra_node_bytes_per_s=1e9, inter_node_bytes_per_s=1e9,
-                          devices_per_node=2, compute_efficiency=1.0, intra_node_latency_s=1e-4,
-                          inter_node_latency_s=1e-4, name="this machine (measured)")
-    assert type(hw.peak_flops_per_device) is float
+                          devices_per_node=2, compute_efficiency=1.0, intra_node_latency_s=5e-5,
+                          inter_node_latency_s=5e-5, name="this machine (measured)", hbm_bytes_per_s=20e9,
+                          memory_bytes=hw.memory_bytes, dp_overlap=0.0)
+    assert type(hw.peak_flops_per_device) is float and hw.memory_bytes > 2**28 and hw.links_per_device == 1
     how = ("measured: all_reduce on 2 ranks, alpha-beta fit over 5 sizes (max pred/meas ratio 1.23); "
-           "beta x 1 bytes sent per byte")
+           "beta x 1 bytes sent per byte, alpha / 2 per pass")
     same = "not measured: all ranks on one machine; set equal to the intra-node figure"
     assert hw.sources == (("peak_flops_per_device", "measured"), ("intra_node_bytes_per_s", how),
                           ("intra_node_latency_s", how), ("inter_node_bytes_per_s", same),
                           ("inter_node_latency_s", same), ("devices_per_node", "ranks measured: 2"),
-                          ("compute_efficiency", "1.0: the peak is already a measured matmul rate"))
-    # the fit's ranks yield to group_size; 4-rank reduce-scatter sends 3/4 of a byte per buffer byte
+                          ("compute_efficiency", "1.0: the peak is already a measured matmul rate"),
+                          ("hbm_bytes_per_s", "assumed 20 GB/s (the optimizer term only; not measured)"),
+                          ("memory_bytes", "MemTotal of /proc/meminfo"))
+    # the fit's ranks yield to group_size; 4-rank reduce-scatter sends 3/4 of a byte per buffer byte, in 1 pass
     hw4 = Hardware.from_measurement(_fit("reduce_scatter", ranks=None), peak_flops_per_device=1e11, group_size=4,
                                     compute_efficiency=0.5, name="box", peak_source="datasheet")
     assert (hw4.intra_node_bytes_per_s, hw4.devices_per_node, hw4.compute_efficiency, hw4.name) == (0.75e9, 4, 0.5, "box")
-    assert hw4.source("peak_flops_per_device") == "datasheet"
-    assert hw4.source("intra_node_bytes_per_s").endswith("beta x 0.75 bytes sent per byte")
+    assert hw4.intra_node_latency_s == 1e-4 and hw4.source("peak_flops_per_device") == "datasheet"
+    assert hw4.source("intra_node_bytes_per_s").endswith("beta x 0.75 bytes sent per byte, alpha / 1 per pass")
     assert Hardware.from_measurement(_fit("broadcast", 8), peak_flops_per_device=1e11).intra_node_bytes_per_s == 1e9
     assert Hardware.from_measurement(_fit("all_reduce", 4), peak_flops_per_device=1e11).intra_node_bytes_per_s == 1.5e9
     # rows are fitted with the op asked for
     rows = _rows(4e-3, 9e7, SIZES, op="all_gather") + _rows(1e-3, 5e8, SIZES)
     assert Hardware.from_measurement(rows, peak_flops_per_device=1e11, op="all_gather").intra_node_latency_s == \
         pytest.approx(4e-3)
-    assert Hardware.from_measurement(rows, peak_flops_per_device=1e11).intra_node_latency_s == pytest.approx(1e-3)
+    assert Hardware.from_measurement(rows, peak_flops_per_device=1e11).intra_node_latency_s == pytest.approx(1e-3 / 2)
+    # priced by the doctor as its profile of this CPU (2 ranks sharing the measured 4e11 FLOP/s)
+    from mshelpers import doctor
+    dh = doctor.cpu_hardware(2, alpha_beta=_fit(), peak=4e11)
+    assert dataclasses.replace(hw.to_doctor()[0], name=dh.name, sources=dh.sources) == dh
 
 
 @pytest.mark.parametrize("kw, line", [
@@ -386,17 +404,20 @@ def test_hardware_from_measurement_refusals(kw, line):
 def test_hardware_table_and_source_defaults():
     hw = Hardware(peak_flops_per_device=1.0, intra_node_bytes_per_s=2.0, inter_node_bytes_per_s=3.0,
                   sources=(("intra_node_bytes_per_s", "read off a cable"),))
-    assert (hw.devices_per_node, hw.compute_efficiency, hw.intra_node_latency_s, hw.inter_node_latency_s, hw.name) \
-        == (8, 0.5, 0.0, 0.0, "assumed")
+    assert (hw.devices_per_node, hw.compute_efficiency, hw.intra_node_latency_s, hw.inter_node_latency_s, hw.name,
+            hw.links_per_device, hw.hbm_bytes_per_s, hw.memory_bytes, hw.dp_overlap) == \
+        (8, 0.5, 0.0, 0.0, "assumed", 1, 1e12, 64 * 2**30, 1.0)
     assert hw.source("intra_node_bytes_per_s") == "read off a cable" and hw.source("anything") == "assumed"
+    row = lambda f, v, src="assumed": {"hardware": "assumed", "figure": f, "value": v, "source": src}
     assert hw.table() == [
-        {"hardware": "assumed", "figure": "peak_flops_per_device", "value": 1.0, "source": "assumed"},
-        {"hardware": "assumed", "figure": "intra_node_bytes_per_s", "value": 2.0, "source": "read off a cable"},
-        {"hardware": "assumed", "figure": "inter_node_bytes_per_s", "value": 3.0, "source": "assumed"},
-        {"hardware": "assumed", "figure": "devices_per_node", "value": 8, "source": "assumed"},
-        {"hardware": "assumed", "figure": "intra_node_latency_s", "value": 0.0, "source": "assumed"},
-        {"hardware": "assumed", "figure": "inter_node_latency_s", "value": 0.0, "source": "assumed"},
-        {"hardware": "assumed", "figure": "compute_efficiency", "value": 0.5, "source": "assumed"}]
+        row("peak_flops_per_device", 1.0), row("intra_node_bytes_per_s", 2.0, "read off a cable"),
+        row("links_per_device", 1), row("inter_node_bytes_per_s", 3.0), row("devices_per_node", 8),
+        row("intra_node_latency_s", 0.0), row("inter_node_latency_s", 0.0), row("compute_efficiency", 0.5),
+        row("hbm_bytes_per_s", 1e12), row("memory_bytes", 64 * 2**30)]
+    # a hand-made profile is priced at its own figures: one peak for every dtype, no fitted constant but efficiency
+    dh, cal = hw.to_doctor()
+    assert (dh.peak("bfloat16"), dh.intra_link_bytes_per_s, dh.inter_bytes_per_s, dh.devices_per_node) == (1.0, 2.0, 3.0, 8)
+    assert (cal.compute_efficiency, cal.comm_time_factor) == (0.5, 1.0)
 
 
 def test_collectives_bench_args_match_the_workers_flags():

@@ -503,26 +503,6 @@ def test_calibrate_exact_fits_and_every_refusal():
         "fix: measure over a wider range of batch sizes, each in a fresh process")
 
 
-def test_parse_memory_size_in_every_spelling_and_its_refusal():
-    G = 2**30
-    ok = {1: 1, 7.9: 7, "58GB": 58 * G, "58gb": 58 * G, "512B": 512, "1 KiB": 1024, "2MB": 2 * 2**20,
-          " 1.5TB ": int(1.5 * 2**40), ".5GB": G // 2, "3 gib": 3 * G}
-    assert {k: memory.parse_memory_size(k) for k in ok} == ok
-    for bad in (0, -5, True, "0GB", "58 GBs", "abc", "5 XB", None):
-        with pytest.raises(ValueError) as err:
-            memory.parse_memory_size(bad)
-        assert str(err.value) == (f"parse_memory_size: {bad!r} is not a memory size; fix: write it as MindSpore "
-                                  "does, e.g. \"58GB\"")
-
-
-def test_mindformers_ffn_size_rounds_up_to_the_multiple():
-    # f = int(2 * 4h / 3): 96 -> 256 (a multiple already), 97 -> 258, 98 -> 261, 192 -> 512
-    cases = {(96, 64): 256, (96, 1): 256, (97, 256): 512, (98, 2): 262, (98, 1): 261, (192, 256): 512,
-             (4096, 256): 11008}
-    assert {k: memory.mindformers_ffn_size(*k) for k in cases} == cases
-    assert memory.mindformers_ffn_size(96, 64, intermediate_size=100) == 100
-
-
 def test_a_budget_must_be_a_positive_finite_number():
     mini = RunConfig.preset("mini")
     assert memory.fits(mini, 0.5) is False                         # tiny, but a budget

@@ -62,9 +62,25 @@ def test_the_planner_prices_flash_attention_when_asked():
     assert flash.activation_bytes < plain.activation_bytes and flash.model_state_bytes == plain.model_state_bytes
     plans = P.plan_parallel_layout(CFG, 32, **kw, flash_attention=True)
     assert P.find_layout(plans, 8, 4, 1, 8).memory_per_device_bytes == flash.memory_per_device_bytes
-    pp_lay = P.make_layout(CFG.replace(recompute="none"), 2, 4, 4, 8, **kw)
-    assert (P.stage_activation_bytes(CFG.replace(recompute="none"), pp_lay, seq_len=4096, flash_attention=True)["bytes"]
-            < P.stage_activation_bytes(CFG.replace(recompute="none"), pp_lay, seq_len=4096)["bytes"])
+    pp_plain = P.make_layout(CFG.replace(recompute="none"), 2, 4, 4, 8, **kw)
+    pp_flash = P.make_layout(CFG.replace(recompute="none"), 2, 4, 4, 8, **kw, flash_attention=True)
+    assert P.stage_activation_bytes(pp_flash)["bytes"] < P.stage_activation_bytes(pp_plain)["bytes"]
+    assert pp_flash.config.model.flash and not pp_plain.config.model.flash      # the YAML's use_flash_attention
+
+
+def test_the_planner_prices_sequence_parallel_and_interleaving_through_the_yaml():
+    kw = dict(global_batch=64, seq_len=4096, zero_stage=1)
+    tp = P.make_layout(CFG, 8, 4, 1, 8, **kw)
+    sp = P.make_layout(CFG, 8, 4, 1, 8, **kw, sequence_parallel=True)
+    assert sp.config.layout.seq_parallel and not tp.config.layout.seq_parallel
+    assert sp.activation_bytes < tp.activation_bytes and sp.model_state_bytes == tp.model_state_bytes
+    spec = P.mindformers_yaml(CFG, sp, seq_len=4096, sequence_parallel=True)
+    assert spec["parallel_config"]["use_seq_parallel"] is True
+    assert P.mindformers_yaml(CFG, P.make_layout(CFG, 32, 1, 1, 2, **kw), sequence_parallel=True)[
+        "parallel_config"]["use_seq_parallel"] is False                          # mp 1: nothing to split
+    v2 = P.mindformers_yaml(CFG, P.make_layout(CFG, 2, 4, 4, 8, **kw), virtual_stages=2)
+    assert v2["model"]["model_config"]["pp_interleave_num"] == 2
+    assert v2["parallel"]["pipeline_config"] == {"pipeline_interleave": True, "pipeline_scheduler": "1f1b"}
 
 
 # ---------------------------------------------------------------- the emitted YAML, every key (mindformers' published

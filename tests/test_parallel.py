@@ -1,14 +1,17 @@
-"""mshelpers.parallel: layout validity, the planner's cost formulas on hand-worked cases, the bubble
-against a simulated schedule, mindformers' own checks, and (slow, msrun) the 2-rank tensor-parallel block.
+"""mshelpers.parallel: layout validity, the planner's prices (the doctor's, for the YAML each layout becomes) and
+their physical properties on hand-worked cases, the bubble against a simulated schedule, mindformers' own checks,
+and (slow, msrun) the 2-rank tensor-parallel block.
 """
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import math
 from types import SimpleNamespace as _NS
 
 import pytest
 
+from mshelpers import doctor as D
 from mshelpers import memory, parallel
 from mshelpers.config import RunConfig
 from mshelpers.parallel import (Hardware, Layout, communication_bytes, estimate_step_time, find_layout,
@@ -94,10 +97,14 @@ def test_dp_allreduce_bytes_for_mini_on_two_ranks():
 
 def test_tp_bytes_hand_worked_for_7b_8dp_4mp():
     c = communication_bytes(L7, 8, 4, 1, 1, global_batch=64, seq_len=4096)
-    buf = 8 * 4096 * 4096 * 2                # b·s·h bf16 per all-reduce
+    buf = 8 * 4096 * 4096 * 2                # b·s·h at 16 bits per all-reduce
     assert c["tp_buffer_bytes"] == buf == tp_allreduce_buffer_bytes(8, 4096, 4096, 2)
-    assert c["tp"] == 130 * buf * 3 // 2     # (4·32 + 2) all-reduces, ring factor 2·3/4
-    assert c["dp"] == ring_allreduce_bytes(-(-6_738_415_616 // 4) * 2, 8)
+    assert c["tp"] == 128 * buf * 3 // 2     # Megatron's 4 all-reduces a layer x 32, ring factor 2·3/4
+    # the gradients of one mp shard: the layers and the lm_head split 4 ways, the embedding whole (vocab_emb_dp),
+    # in the YAML's float32 weights
+    n, v, h = 6_738_415_616, 32000, 4096
+    local = (n - 2 * v * h - h) // 4 + v * h + v * h // 4 + h
+    assert c["grad_buffer_bytes"] == 4 * local and c["dp"] == ring_allreduce_bytes(4 * local, 8)
 
 
 def test_more_mp_moves_more_activation_bytes_at_fixed_devices():
@@ -110,7 +117,7 @@ def test_pipeline_traffic_and_recompute_allreduces():
     c = communication_bytes(L7, 2, 4, 4, 8, global_batch=64, seq_len=4096)
     assert c["pp"] == 8 * 2 * tp_allreduce_buffer_bytes(4, 4096, 4096, 2)
     full = communication_bytes(L7.replace(recompute="full"), 8, 4, 1, 1, global_batch=64, seq_len=4096)
-    assert full["tp_allreduces"] == 6 * 32 + 2
+    assert full["tp_allreduces"] == 6 * 32                   # the recomputed forward runs its 2 again
 
 
 # ---------------------------------------------------------------- planner
@@ -129,11 +136,15 @@ def test_planner_returns_only_valid_layouts_best_first():
         find_layout(plans, 5, 4)
 
 
-def test_planner_memory_comes_from_mshelpers_memory():
+def test_planner_memory_is_the_doctors_for_the_yaml_it_emits():
     lay = make_layout(L7, 4, 8, 1, 16, global_batch=64, seq_len=4096, zero_stage=1)
-    est = memory.estimate(L7.replace(batch_size=64), n_devices=32, layout=lay, zero_stage=1)
-    assert lay.memory_per_device_bytes == est["total"]
-    assert lay.model_state_bytes == est["params"] + est["grads"] + est["optimizer_states"]
+    spec = parallel.mindformers_yaml(L7, lay, seq_len=4096, zero_stage=1, use_flash_attention=False)
+    mem = D.memory_per_stage(D.read_config(spec))
+    assert lay.memory_per_device_bytes == mem["memory_per_device_bytes"] and lay.fits is None   # no budget asked
+    part = mem["breakdown"]
+    assert lay.model_state_bytes == part["params"] + part["grads"] + part["optimizer_states"] + part[
+        "grad_accum_buffer"] and lay.activation_bytes == part["activations"]
+    assert lay.memory_per_device_bytes == lay.model_state_bytes + lay.activation_bytes
 
 
 def test_memory_budget_and_hardware_ranking():
@@ -153,9 +164,9 @@ def test_step_time_uses_inter_node_bandwidth_only_for_groups_that_cross_nodes():
     fast = Hardware(1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=2e10, devices_per_node=8)
     a = estimate_step_time(L7, lay, slow, global_batch=64, seq_len=4096)
     b = estimate_step_time(L7, lay, fast, global_batch=64, seq_len=4096)
-    assert a["tp_comm_s"] == b["tp_comm_s"]                  # 4-way tp stays inside an 8-device node
-    assert a["dp_comm_s"] == pytest.approx(2 * b["dp_comm_s"])  # the 32-rank span of dp crosses nodes
-    assert 0 < a["comm_share"] < 1
+    assert a["tp_s"] == b["tp_s"] > 0                        # 4-way tp stays inside an 8-device node
+    assert a["dp_total_s"] == pytest.approx(2 * b["dp_total_s"])   # the dp group (8 ranks, 4 apart) crosses nodes
+    assert 0 < a["comm_share"] < 1 and a["step_s"] == pytest.approx(sum(a[k] for k, _ in D.TERMS))
 
 
 def test_planner_bad_input():
@@ -165,22 +176,20 @@ def test_planner_bad_input():
         plan_parallel_layout(L7, 3, global_batch=1)
 
 
-# ---------------------------------------------------------------- ZeRO-3 traffic worked by hand
-@pytest.mark.parametrize("dp, expected_dp_bytes", [
-    # mini: 3,688,704 float32 parameters, S = 14,754,816 bytes of gradients (= of parameters).
-    # ring all-reduce of the gradients 2(n-1)/n*S, plus the parameter all-gather (n-1)/n*S done twice
-    # (before the forward and again before the backward, the stage-3 shards being freed in between)
-    (2, 14_754_816 + 2 * 7_377_408),          # 29,509,632
-    (4, 22_132_224 + 2 * 11_066_112),         # 44,264,448
-])
-def test_zero3_gathers_the_parameters_twice(dp, expected_dp_bytes):
-    c3 = communication_bytes(MINI, dp, 1, 1, global_batch=8, zero_stage=3)
-    assert c3["dp"] == expected_dp_bytes and c3["total"] == expected_dp_bytes
-    assert c3["grad_buffer_bytes"] == 14_754_816
-    for stage in (0, 1, 2):       # stages 0-2 keep whole parameters: gradient traffic only
+# ---------------------------------------------------------------- the gradient reduction under each ZeRO stage
+@pytest.mark.parametrize("dp", [2, 4])
+def test_every_zero_stage_reduces_the_gradients_once(dp):
+    # mini: 3,688,704 float32 parameters, S = 14,754,816 bytes of gradients. Without sharding one ring all-reduce,
+    # 2(n-1)/n*S; MindSpore's parallel optimizer reduce-scatters the gradients and all-gathers the updated
+    # weights, (n-1)/n*S each: the same bytes
+    for stage in (0, 1, 2):
         c = communication_bytes(MINI, dp, 1, 1, global_batch=8, zero_stage=stage)
-        assert c["dp"] == ring_allreduce_bytes(14_754_816, dp)
-    assert communication_bytes(MINI, 1, 1, 1, global_batch=8, zero_stage=3)["dp"] == 0   # nothing to gather
+        assert c["dp"] == ring_allreduce_bytes(14_754_816, dp) == c["total"] and c["grad_buffer_bytes"] == 14_754_816
+    assert communication_bytes(MINI, 1, 1, 1, global_batch=8, zero_stage=1)["dp"] == 0    # nothing to reduce
+    with pytest.raises(ValueError) as e:
+        communication_bytes(MINI, dp, 1, 1, global_batch=8, zero_stage=3)
+    assert str(e.value) == ("make_layout: zero_stage=3 is not priced; fix: 0, 1 (MindSpore's parallel optimizer) or 2 "
+                            "(and gradient_accumulation_shard); a mindformers YAML has no ZeRO-3")
 
 
 # ---------------------------------------------------------------- mindformers' own checks (imports mindformers, ~8 s)
@@ -357,84 +366,66 @@ def test_auto_parallel_plan_exact():
 def test_the_planners_step_time_uses_the_sequence_asked_for():
     hw = Hardware.reference("ascend-910b")
     best = plan_parallel_layout(L7, 8, global_batch=16, seq_len=1024, hardware=hw)[0]
-    assert L7.seq_len != 1024
-    assert best.step_time == estimate_step_time(L7, best, hw, global_batch=16, seq_len=1024)
-    assert best.step_time != estimate_step_time(L7, best, hw, global_batch=16, seq_len=L7.seq_len)
+    assert L7.seq_len != 1024 and best.config.model.seq == 1024
+    assert best.step_time == estimate_step_time(L7, best, hw)                    # the layout's own config
+    bare = Layout(best.dp, best.mp, best.pp, best.micro_batches, best.micro_batch_size, 0, 0, 0.0)
+    assert best.step_time == estimate_step_time(L7, bare, hw, global_batch=16, seq_len=1024)
+    assert best.step_time != estimate_step_time(L7, bare, hw, global_batch=16, seq_len=L7.seq_len)
 
 
-# ---------------------------------------------------------------- estimate_step_time and stage_activation_bytes by hand
+# ---------------------------------------------------------------- estimate_step_time and stage_activation_bytes
 HW_HAND = Hardware(peak_flops_per_device=1e15, intra_node_bytes_per_s=100e9, inter_node_bytes_per_s=10e9,
                    devices_per_node=8, compute_efficiency=0.5, intra_node_latency_s=1e-5, inter_node_latency_s=1e-4)
 
 
-def _hand_layout(dp, mp, pp, m, tp=1000e6, dpb=2000e6, ppb=300e6):
-    return Layout(dp=dp, mp=mp, pp=pp, micro_batches=m, micro_batch_size=1, memory_per_device_bytes=0,
-                  comm_bytes_per_step=int(tp + dpb + ppb), bubble_fraction=(pp - 1) / (m + pp - 1),
-                  comm_dp_bytes=int(dpb), comm_tp_bytes=int(tp), comm_pp_bytes=int(ppb))
+def test_estimate_step_time_is_the_doctors_step_on_the_same_profile():
+    lay = make_layout(L7.replace(recompute="full"), 2, 4, 2, 4, global_batch=16, seq_len=2048)
+    got = estimate_step_time(L7, lay, HW_HAND)
+    hw, cal = HW_HAND.to_doctor()
+    want = D.step_time(lay.config, hw, cal)
+    assert {k: got[k] for k in want} == want
+    comm = sum(want[k] for k in ("tp_s", "ep_s", "cp_s", "p2p_s", "dp_s"))
+    assert got["comm_share"] == pytest.approx(comm / want["step_s"], rel=1e-12)
+    # a hand-built profile has no fitted constants: its efficiency, the datasheet links
+    assert (cal.compute_efficiency, cal.comm_time_factor) == (0.5, 1.0) and hw.peak("bfloat16") == 1e15
 
 
-def test_estimate_step_time_worked_by_hand():
-    cfg = L7.replace(recompute="full")
-    n = memory.llama_param_count(cfg)
-    lay = _hand_layout(2, 4, 2, 4)                     # tp span 4 and dp span 8 inside a node, pp span 16 across
-    got = estimate_step_time(cfg, lay, HW_HAND, global_batch=16, seq_len=2048)
-    compute = (6 * n + 12 * 32 * 4096 * 2048) * 16 * 2048 / 16 / (1e15 * 0.5)
-    n_tp = 4 * (98 - 1)          # 98 all-reduces per micro-batch over 16 layers with full recompute, one fewer with pp
-    tp_s = 1000e6 / 100e9 + n_tp * 1e-5
-    dp_s = 2000e6 / 100e9 + 1e-5
-    pp_s = 300e6 / 10e9 + 2 * 4 * 1e-4
-    busy = compute + tp_s + pp_s
-    bubble = busy * 0.2 / 0.8
-    step = busy + bubble + dp_s
-    want = {"compute_s": compute, "tp_comm_s": tp_s, "dp_comm_s": dp_s, "pp_comm_s": pp_s, "bubble_s": bubble,
-            "step_s": step, "comm_share": (tp_s + dp_s + pp_s) / step}
-    assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], rel=1e-12) for k in want), (got, want)
-    # no seq_len: the config's; a config that is not a RunConfig works alike
-    assert estimate_step_time(cfg, lay, HW_HAND, global_batch=16) == \
-        estimate_step_time(cfg, lay, HW_HAND, global_batch=16, seq_len=4096)
-    # recompute read off the config: without it, 66 all-reduces per micro-batch
-    plain = estimate_step_time(L7.replace(recompute="none"), lay, HW_HAND, global_batch=16, seq_len=2048)
-    assert plain["tp_comm_s"] == pytest.approx(1000e6 / 100e9 + 4 * (66 - 1) * 1e-5, rel=1e-12)
-
-
-def test_estimate_step_time_pays_latency_only_for_groups_that_exist():
+def test_estimate_step_time_pays_latency_once_per_pass_of_each_collective_that_exists():
     cfg = L7.replace(recompute="none")
-    one = estimate_step_time(cfg, _hand_layout(1, 1, 1, 1, tp=0, dpb=0, ppb=0), HW_HAND, global_batch=1, seq_len=128)
-    assert (one["tp_comm_s"], one["dp_comm_s"], one["pp_comm_s"], one["bubble_s"]) == (0.0, 0.0, 0.0, 0.0)
-    assert one["step_s"] == one["compute_s"] and one["comm_share"] == 0.0
-    two = estimate_step_time(cfg, _hand_layout(1, 2, 1, 3, tp=0, dpb=0, ppb=0), HW_HAND, global_batch=1, seq_len=128)
-    assert two["tp_comm_s"] == pytest.approx(3 * 130 * 1e-5, rel=1e-12)   # 32 layers: 130 all-reduces, none fewer (pp = 1)
-    # a dp group of 16 spans two nodes: inter-node bandwidth and latency
-    wide = estimate_step_time(cfg, _hand_layout(16, 1, 1, 1, tp=0, dpb=1e9, ppb=0), HW_HAND, global_batch=16, seq_len=128)
-    assert wide["dp_comm_s"] == pytest.approx(1e9 / 10e9 + 1e-4, rel=1e-12)
+    one = estimate_step_time(cfg, make_layout(cfg, 1, 1, 1, 1, global_batch=1, seq_len=128), HW_HAND)
+    assert (one["tp_s"], one["dp_total_s"], one["p2p_s"], one["bubble_s"]) == (0.0, 0.0, 0.0, 0.0)
+    assert one["comm_share"] == 0.0
+    # mp 2 and 3 micro-batches: 4 all-reduces of 2 passes per layer, 32 layers, 3 micro-batches, each pass pays
+    # the latency once (the bandwidth term is the same with and without it)
+    two = make_layout(cfg, 1, 2, 1, 3, global_batch=3, seq_len=128)
+    lat = estimate_step_time(cfg, two, HW_HAND)["tp_s"]
+    no_lat = estimate_step_time(cfg, two, dataclasses.replace(HW_HAND, intra_node_latency_s=0.0))["tp_s"]
+    assert lat - no_lat == pytest.approx(3 * 32 * 8 * 1e-5, rel=1e-9)
 
 
 def test_stage_activation_bytes_by_hand():
-    from types import SimpleNamespace
     from mshelpers.memory import activation_bytes_per_layer
     cfg = L7.replace(recompute="selective", compute_dtype="bfloat16")
-    lay = make_layout(cfg, 2, 4, 4, 8, global_batch=64, seq_len=4096)
+    lay = make_layout(cfg, 2, 4, 4, 8, global_batch=64, seq_len=2048, sequence_parallel=True, flash_attention=True)
+    # mindformers' LLaMA block, SiLU/Mul selective recompute on every layer, sequence parallel over mp 4
     per = activation_bytes_per_layer(2048, lay.micro_batch_size, 4096, 32, tp=4, sequence_parallel=True,
-                                     recompute="selective", bytes_per_value=2, flash_attention=True)
-    got = parallel.stage_activation_bytes(cfg, lay, "interleaved", 2, seq_len=2048, sequence_parallel=True,
-                                          interleaved_order="memory", flash_attention=True, stage=1)
+                                     recompute="selective", bytes_per_value=2, flash_attention=True,
+                                     num_kv_heads=32, ffn_hidden_size=11008, arch="llama")
+    got = parallel.stage_activation_bytes(lay, "interleaved", 2, interleaved_order="memory", stage=1)
     assert got == {"in_flight": 3.5, "layers_per_stage": 8, "per_layer_bytes": per, "micro_batch_bytes": per * 8,
                    "bytes": math.ceil(3.5 * per * 8)}
-    assert type(got["layers_per_stage"]) is int and type(got["micro_batch_bytes"]) is int
-    # defaults: the config's seq_len, float32 values (4 bytes) when the config names no dtype, 1 sequence per
-    # micro-batch when the layout names none, the config's recompute, 1F1B's first stage
-    plain = SimpleNamespace(seq_len=512, num_layers=8, hidden_size=64, num_heads=4, recompute="full")
-    bare = SimpleNamespace(pp=2, mp=2, micro_batches=4)
-    per4 = activation_bytes_per_layer(512, 1, 64, 4, tp=2, recompute="full", bytes_per_value=4)
-    assert parallel.stage_activation_bytes(plain, bare) == {
-        "in_flight": 2, "layers_per_stage": 4, "per_layer_bytes": per4, "micro_batch_bytes": per4 * 4,
-        "bytes": 2 * per4 * 4}
-    assert parallel.stage_activation_bytes(plain, bare, bytes_per_value=2)["per_layer_bytes"] == \
-        activation_bytes_per_layer(512, 1, 64, 4, tp=2, recompute="full", bytes_per_value=2)
+    # 1F1B's count is the doctor's: with the working set and the logits it is the stage's activations
+    one = parallel.stage_activation_bytes(lay, stage=3)
+    act = D.memory_per_stage(lay.config)["per_stage_breakdown"][3]["activations"]
+    from mshelpers.doctor import adapt
+    extra = adapt.stage_activations(lay.config, 3)
+    assert one["in_flight"] == 1 and one["bytes"] + extra["working"] + extra["output"] == act
     with pytest.raises(ValueError) as e:
-        parallel.stage_activation_bytes(plain, SimpleNamespace(pp=4, mp=1, micro_batches=8), "interleaved", 4)
-    assert str(e.value) == ("stage_activation_bytes: num_layers=8 is not divisible by pp*virtual_stages = 4*4; "
-                            "fix: choose virtual_stages dividing 2")
+        parallel.stage_activation_bytes(lay, "interleaved", 3)
+    assert str(e.value) == ("stage_activation_bytes: num_layers=32 is not divisible by pp*virtual_stages = 4*3; "
+                            "fix: choose virtual_stages dividing 8")
+    with pytest.raises(ValueError, match="has no doctor config"):
+        parallel.stage_activation_bytes(_NS(pp=2, mp=1, micro_batches=4))
 
 
 # ---------------------------------------------------------------- every refusal of the planner's functions, exactly
@@ -447,7 +438,13 @@ _REFUSALS = {
     'plan seq_len': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=8, seq_len=-1),
            'plan_parallel_layout: seq_len=-1 is invalid; fix: pass a positive integer'),
     'plan cfg': (lambda: parallel.plan_parallel_layout(_NS(), 8, global_batch=8),
-           'plan_parallel_layout: cfg=SimpleNamespace is not a RunConfig; fix: pass RunConfig.preset(...)'),
+           'plan_parallel_layout: cfg=SimpleNamespace is not a RunConfig; fix: pass RunConfig.preset(...) or a mindformers YAML path'),
+    'make degrees': (lambda: parallel.make_layout(L7, 8, 4, global_batch=64),
+           'make_layout: pp=None with a RunConfig; fix: pass dp, mp, pp and global_batch (or a mindformers YAML to price its own layout)'),
+    'make file knob': (lambda: parallel.make_layout(str(DATA7), zero_stage=1),
+           'make_layout: zero_stage=1 with a mindformers config; fix: set it in the file (the planner varies only dp, mp, pp and the micro-batches of a file)'),
+    'make file batch': (lambda: parallel.make_layout(str(DATA7), 4, 1, 1, global_batch=8),
+           'make_layout: global_batch=8 but the file trains on 64; fix: omit global_batch (the file\'s is kept)'),
     'plan budget': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=8, memory_budget_bytes=0),
            'plan_parallel_layout: memory_budget_bytes=0 is invalid; fix: a positive byte count'),
     'plan m': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=8, micro_batches=[0]),
@@ -553,9 +550,28 @@ def test_make_layout_defaults_and_the_run_it_prices():
     one = make_layout(L7, 8, 1, 1, global_batch=8)
     assert one == make_layout(L7, 8, 1, 1, 1, global_batch=8, seq_len=L7.seq_len, zero_stage=0)
     assert one.micro_batches == 1 and one != make_layout(L7, 8, 1, 1, 1, global_batch=8, zero_stage=1)
-    # the memory is memory.estimate's for the whole global batch at this seq_len, split by the layout
+    # the run it prices: the global batch at this seq_len, split by the layout into 4 accumulation steps of 2
     lay = make_layout(L7, 2, 4, 1, 4, global_batch=16, seq_len=1024)
-    est = memory.estimate(L7.replace(batch_size=16, seq_len=1024, dp=1, mp=1, pp=1, micro_batches=1), n_devices=8,
-                          layout=_NS(dp=2, mp=4, pp=1, micro_batches=4), zero_stage=0)
-    assert lay.memory_per_device_bytes == est["total"] and lay.activation_bytes == est["activations"]
-    assert lay.model_state_bytes == est["params"] + est["grads"] + est["optimizer_states"]
+    c = lay.config
+    assert (c.model.seq, c.layout.dp, c.layout.tp, c.layout.pp, c.layout.grad_accum, c.layout.batch) == \
+        (1024, 2, 4, 1, 4, 2) and c.layout.global_batch == 16 and c.model.flash is False
+    assert c.model.ffn == L7.ffn_hidden_size and D.param_count(c) == memory.llama_param_count(L7)
+
+
+DATA7 = __import__("pathlib").Path(__file__).parent / "data" / "mindformers" / "pretrain_llama2_7b.yaml"
+
+
+def test_the_planner_on_a_mindformers_file_keeps_its_settings_and_varies_the_degrees():
+    hw = Hardware.reference("ascend-910b")
+    own = make_layout(str(DATA7), hardware=hw)
+    r = D.diagnose(str(DATA7), search=False)
+    assert (own.dp, own.mp, own.pp, own.micro_batches) == (8, 1, 1, 8) and own.fits is r["fits"] is True
+    assert (own.memory_per_device_bytes, own.step_time["step_s"]) == (
+        r["memory"]["memory_per_device_bytes"], r["step"]["step_s"])
+    assert make_layout(r["config"], hardware=hw) == own                          # a doctor Config alike
+    other = make_layout(str(DATA7), 4, 2, 1, hardware=hw)                       # 4 x 2, the file's batch of 64
+    assert (other.config.layout.global_batch, other.config.layout.tp, other.config.model) == (64, 2, own.config.model)
+    assert other.memory_per_device_bytes != own.memory_per_device_bytes
+    plans = plan_parallel_layout(str(DATA7), hardware=hw, micro_batches=[1, 2, 8])
+    assert {(p.dp * p.mp * p.pp) for p in plans} == {8} and find_layout(plans, 8, 1, 1, 8) == own
+    assert [p.step_time["step_s"] for p in plans if p.fits] == sorted(p.step_time["step_s"] for p in plans if p.fits)

@@ -30,11 +30,13 @@ _NO_FACTOR = Calibration(compute_efficiency=1.0, comm_time_factor=1.0)
 
 def traffic_bytes(cfg: Config) -> dict[str, float]:
     """Bytes one device sends per optimizer step, by group: tp, ep, cp, pp (point-to-point), dp (the whole
-    reduction, hidden part included) and total. A ring collective over n ranks counts (n - 1)/n of its buffer
-    per pass, as the doctor prices it (an all-reduce is a reduce-scatter and an all-gather: 2 passes)."""
+    reduction, hidden part included), total, and stage (the stage counted: the first that sends the most). A ring
+    collective over n ranks counts (n - 1)/n of its buffer per pass, as the doctor prices it (an all-reduce is a
+    reduce-scatter and an all-gather: 2 passes); activations travel at 16 bits, as the doctor sends them."""
     st = cost.step_time(cfg, _UNIT, _NO_FACTOR)
     out = {"tp": st["tp_s"], "ep": st["ep_s"], "cp": st["cp_s"], "pp": st["p2p_s"], "dp": st["dp_total_s"]}
     out["total"] = sum(out.values())
+    out["stage"] = st["bottleneck_stage"]
     return out
 
 
