@@ -195,3 +195,42 @@ def test_kendall_tau_counts_concordant_pairs():
     assert D.kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
     assert D.kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
     assert D.kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+
+
+# ---------------------------------------------------------------- every spelling mindformers has used (issue 49)
+SPELL = DATA / "spellings"            # each file: a published one with one key respelled (its header says which)
+
+
+@pytest.mark.parametrize("name", ["r1.5.0_telechat_7b_swap_config.yaml", "r1.5.0_telechat_7b_swap_top_level.yaml"])
+def test_swap_is_read_in_both_spellings(name):
+    import dataclasses
+    base = D.read_config(DATA / "r1.5.0_finetune_telechat_7b.yaml")
+    c = D.read_config(SPELL / name)
+    assert base.layout.swap is False and c.layout.swap is True
+    assert dataclasses.replace(c.layout, swap=False) == base.layout        # the spelling turns on swap, nothing else
+
+
+@pytest.mark.parametrize("bad", ["True", 1, None, [True], {}])
+def test_a_swap_config_swap_that_is_not_a_bool_is_one_line(bad):
+    d = yaml.safe_load((SPELL / "r1.5.0_telechat_7b_swap_config.yaml").read_text())
+    d["swap_config"]["swap"] = bad          # mindformers' check_rules._check_swap: "Type of swap must be bool"
+    with pytest.raises(D.DoctorError) as e:
+        D.read_config(d)
+    assert e.value.field == "swap_config.swap" and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, shard", [("qwen3_32b_dp1_cp2_parallel_optimizer.yaml", "po"),
+                                         ("deepseek3_1b_pynative_dp1_cp2.yaml", "fsdp")])
+def test_the_optimizer_shards_over_dp_x_cp_at_dp_1(name, shard):
+    c = D.read_config(SPELL / name)
+    assert (c.layout.dp, c.layout.cp, c.layout.optimizer_shard) == (1, 2, shard)
+    d = yaml.safe_load((SPELL / name).read_text())
+    (d.get("parallel_config") or d["parallelism"])["context_parallel"] = 1
+    assert D.read_config(d).layout.optimizer_shard == "none"               # dp x cp = 1: nothing to shard over
+
+
+def test_a_2x_shard_strategy_mindformers_does_not_read_is_said():
+    d = yaml.safe_load((W / "deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml").read_text())
+    d["parallelism"]["data_parallel_shard_strategy"] = "no_shard"
+    c = D.read_config(d)
+    assert c.layout.optimizer_shard == "fsdp" and any("data_parallel_shard_strategy='no_shard'" in n for n in c.notes)

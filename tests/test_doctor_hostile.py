@@ -2,7 +2,9 @@
 mindformers config holds (None, -1, 0, 1.5, "", [], {}, NaN, inf, "58GBB") or deleted, broken files, and an
 unwritable --out. The contract (mshelpers/doctor/cli.py): exit 0, or exit 2 with exactly one stderr line
 `doctor: error: <field>=<value>; fix: <how>`; never a traceback. A deterministic sweep over the keys the
-doctor reads, then a Hypothesis property test (derandomized: the same examples every run) over any key path."""
+doctor reads, then Hypothesis property tests (derandomized: the same examples every run) over any key path, one
+on the 2.x PyNative and mcore seeds with the layout search on half the time, then the values issue 49 found
+accepted or ending in a traceback (null model keys, '' and -0.0 batches, null sections under the search)."""
 from __future__ import annotations
 
 import copy
@@ -27,12 +29,21 @@ SEEDS = (
     "2.1.0/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml",   # 2.x PyNative dialect
     "2.1.0/glm4/finetune_glm4_9b.yaml",
 )
-PARSED = {s: yaml.safe_load((DATA / s).read_text()) for s in SEEDS}
+# the 2.x PyNative and mcore dialects' own Hypothesis seeds: MoE, MLA, class defaults without a config.json, VPP
+SEEDS_2X = (
+    "2.1.0/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml",
+    "2.1.0/deepseek4/pretrain_deepseek4_flash.yaml",            # PyNative MoE
+    "2.1.0/qwen3/pretrain_qwen3_32b_4k.yaml",
+    "2.1.0/qwen3_moe/pretrain_qwen3_30b_a3b_4k.yaml",
+    "2.1.0/deepseek3/pretrain_deepseek3_671b.yaml",             # mcore MLA, model keys from the class defaults
+    "2.1.0/telechat3/pretrain_telechat3_36b.yaml",              # mcore VPP with per-chunk recompute
+)
+PARSED = {s: yaml.safe_load((DATA / s).read_text()) for s in dict.fromkeys(SEEDS + SEEDS_2X)}
 # the top-level keys the readers consult; the sweep writes each seed with only these (the doctor's answer is the
 # same, test_the_trimmed_seed_reads_as_the_published_one checks it) so that ~4000 runs take seconds, not a minute
 READ_SECTIONS = ("run_mode", "use_legacy", "pretrained_model_dir", "model", "moe_config", "parallel_config",
                  "parallel", "runner_config", "recompute_config", "micro_batch_interleave_num", "context", "optimizer",
-                 "swap", "train_dataset", "train_dataset_task", "training", "parallelism", "recompute")
+                 "swap", "swap_config", "train_dataset", "train_dataset_task", "training", "parallelism", "recompute")
 TRIMMED = {s: {k: v for k, v in d.items() if k in READ_SECTIONS} for s, d in PARSED.items()}
 
 DELETE = object()                                               # "remove the key" rather than a value
@@ -93,8 +104,8 @@ def all_key_paths(node, prefix=()) -> list[tuple]:
 
 
 CASES = [(s, p) for s in SEEDS for p in key_paths(TRIMMED[s])]
-ALL_PATHS = {s: all_key_paths(PARSED[s]) for s in SEEDS}
-READ_PATHS = {s: key_paths(PARSED[s]) for s in SEEDS}
+ALL_PATHS = {s: all_key_paths(PARSED[s]) for s in PARSED}
+READ_PATHS = {s: key_paths(PARSED[s]) for s in PARSED}
 
 
 def mutated(seed: str, path: tuple, value, *, whole: bool = True) -> dict:
@@ -169,6 +180,9 @@ def test_a_hostile_value_at_a_key_that_matters(seed, path, tmp_path, capsys, fas
 
 def test_the_sweep_covers_what_it_says():
     assert len(CASES) >= 250
+    from mshelpers.doctor import dialect_of
+    assert {dialect_of(PARSED[s]) for s in SEEDS} == {dialect_of(PARSED[s]) for s in SEEDS_2X} | {"r1.x"} == {
+        "r1.x", "mcore", "pynative"}
     for s in SEEDS:
         paths = set(READ_PATHS[s])
         assert ("model",) in paths
@@ -231,6 +245,105 @@ def test_any_key_any_value_keeps_the_contract(case, tmp_path, capsys, fast_yaml)
     seed, path, value = case
     got = check_case(tmp_path, capsys, mutated(seed, path, value))
     assert got is None, f"{seed}: {'.'.join(map(str, path))} = {value!r}: {got}"
+
+
+@st.composite
+def hostile_2x_configs(draw):
+    seed = draw(st.sampled_from(SEEDS_2X))
+    path = draw(st.one_of(st.sampled_from(READ_PATHS[seed]), st.sampled_from(ALL_PATHS[seed])))
+    return seed, path, draw(VALUES), draw(st.booleans())
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=hostile_2x_configs())
+def test_any_key_any_value_keeps_the_contract_in_the_2x_and_mcore_dialects(case, tmp_path, capsys, fast_yaml):
+    """The same property on the 2.x PyNative and mcore seeds alone, half the runs with the layout search on (its
+    variants once wrote into a null section: TypeError, issue 49)."""
+    seed, path, value, search = case
+    got = check_case(tmp_path, capsys, mutated(seed, path, value), extra=() if search else ("--no-search",))
+    assert got is None, f"{seed}: {'.'.join(map(str, path))} = {value!r} (search {search}): {got}"
+
+
+# ---------------------------------------------------------------- values the issue found accepted (issue 49)
+_P = "2.1.0/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml"
+_M = "2.1.0/qwen3/pretrain_qwen3_32b_4k.yaml"
+_R = "r1.2.0_pretrain_llama2_7b.yaml"
+
+
+def _err(d: dict, tmp_path, capsys, *extra) -> str:
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.dump(d, Dumper=_Dumper, sort_keys=False))
+    return _one_line_exit_2([p, *extra], capsys)
+
+
+@pytest.mark.parametrize("seed, path", [(_P, ("model", "num_attention_heads")),
+                                        (_M, ("model", "model_config", "num_attention_heads")),
+                                        (_P, ("model", "num_hidden_layers")),
+                                        ("2.1.0/deepseek3/pretrain_deepseek3_671b.yaml",
+                                         ("model", "model_config", "num_attention_heads"))])
+def test_a_null_model_key_with_no_other_source_is_one_line_naming_it(seed, path, tmp_path, capsys):
+    """With the search on, as the issue ran it (it ended in TypeError: 'NoneType' object does not support item
+    assignment). DeepSeek-V3's class defaults fill keys a file leaves out, not ones it sets to None."""
+    err = _err(mutated(seed, path, None), tmp_path, capsys)
+    assert err.startswith(f"doctor: error: {'.'.join(path)}=None; fix:"), err
+
+
+@pytest.mark.parametrize("seed, path, hf, heads", [
+    (_P, ("model", "num_attention_heads"), "DeepSeek-V3", 128),
+    (_M, ("model", "model_config", "num_attention_heads"), "Qwen3-32B", 64)])
+def test_a_null_model_key_taken_from_config_json_is_said(seed, path, hf, heads, tmp_path):
+    from mshelpers.doctor import diagnose, render_text
+    r = diagnose(mutated(seed, path, None), model_config=DATA / "hf" / hf)
+    note = f"{'.'.join(path)} is None: num_attention_heads={heads} from {DATA / 'hf' / hf / 'config.json'}"
+    assert r["config"].model.heads == heads and note in r["config"].notes
+    assert note in render_text(r)                              # under "Assumed by the reader"
+
+
+BATCH_KEYS = [(_R, ("runner_config", "gradient_accumulation_steps")), (_R, ("runner_config", "batch_size")),
+              (_R, ("model", "model_config", "batch_size")), (_P, ("training", "local_batch_size")),
+              (_P, ("training", "global_batch_size")), (_R, ("micro_batch_interleave_num",)),
+              (_P, ("parallelism", "tensor_parallel")), (_R, ("parallel_config", "context_parallel"))]
+
+
+@pytest.mark.parametrize("seed, path", BATCH_KEYS, ids=[".".join(p) for _, p in BATCH_KEYS])
+@pytest.mark.parametrize("value", ["", float("nan"), -0.0, [], 0, False, 2.0],
+                         ids=["empty-str", "nan", "minus-0.0", "empty-list", "0", "False", "2.0"])
+def test_a_batch_or_degree_mindformers_refuses_is_refused(seed, path, value, tmp_path, capsys):
+    """mindformers refuses each: gradient_accumulation_steps must be an int >= 1 (base_trainer.py), the parallel
+    degrees pass Validator.check_positive_int, 2.x's TrainingConfig wants positive batch sizes, and the batch
+    arithmetic needs numbers. The doctor took '' and -0.0 for 1 and never looked at the model's batch_size."""
+    err = _err(mutated(seed, path, value), tmp_path, capsys, "--no-search")
+    assert err.startswith(f"doctor: error: {'.'.join(path)}="), err
+
+
+@pytest.mark.parametrize("seed, path, refused", [
+    (_R, ("runner_config", "gradient_accumulation_steps"), False),   # mindformers' trainer makes None 1
+    (_R, ("model", "model_config", "batch_size"), False),            # training builds the model with the runner's
+    (_R, ("runner_config", "batch_size"), True), (_P, ("training", "local_batch_size"), True),
+    (_P, ("training", "global_batch_size"), True)])
+def test_a_null_batch_is_refused_or_said(seed, path, refused, tmp_path, capsys):
+    if refused:
+        err = _err(mutated(seed, path, None), tmp_path, capsys, "--no-search")
+        assert err.startswith(f"doctor: error: {'.'.join(path)}=None; fix:"), err
+    else:
+        import dataclasses
+        from mshelpers.doctor import read_config
+        c, base = read_config(mutated(seed, path, None)), read_config(copy.deepcopy(PARSED[seed])).layout
+        assert c.layout == (dataclasses.replace(base, grad_accum=1) if path[-1] == "gradient_accumulation_steps"
+                            else base)
+        assert any(n.startswith(f"{'.'.join(path)} is None:") for n in c.notes), c.notes
+
+
+NULL_SECTIONS = [(s, k) for s in (_R, _M, _P) for k in PARSED[s]
+                 if k in READ_SECTIONS and isinstance(PARSED[s][k], dict)]
+
+
+@pytest.mark.parametrize("seed, section", NULL_SECTIONS, ids=[f"{s.rsplit('/', 1)[-1][:-5]}:{k}"
+                                                              for s, k in NULL_SECTIONS])
+def test_a_null_section_with_the_search_on_keeps_the_contract(seed, section, tmp_path, capsys):
+    """`runner_config:` or `training:` left empty: the search once wrote its variants into None (TypeError)."""
+    assert check_case(tmp_path, capsys, mutated(seed, (section,), None), extra=()) is None
 
 
 # ---------------------------------------------------------------- files that are not a config

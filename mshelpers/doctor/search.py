@@ -1,14 +1,20 @@
 """The layout search: variants of a config on the same devices and global batch, under the memory budget,
-ranked by predicted tokens/s per device."""
+ranked by predicted tokens/s per device.
+
+It varies the parsed Layout (variants.layout_variant: dataclasses.replace, the reader's own split and checks)
+and prices each with cost.py; it never edits or reads a YAML. Only the layouts it returns get their file
+(variants.edited_yaml), which --out writes."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 from .cost import memory_per_stage, step_time
 from .describe import Config, DoctorError
 from .hardware import DoctorHardware
-from .readers import with_layout
+from .variants import edited_yaml, layout_variant
+
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> dict:
     """{dotted key: (old value, new value)} for the keys that differ (a key missing on one side is None)."""
@@ -32,28 +38,29 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
 
     Searched: dp x mp x pp on the devices (mp dividing the heads, pp the layers), the micro-batch size
     (1, 2, 4) with micro_batch_num or gradient accumulation making up the global batch, sequence parallel
-    (with mp > 1), the parallel optimizer, and recompute: none, select_recompute (SiLU/Mul), full, and per
-    stage the fewest fully recomputed layers (the rest SiLU/Mul-selective) that fit the budget.
+    (with mp > 1), the parallel optimizer (static dialects; 2.x always shards with FSDP), and recompute: none,
+    select_recompute (SiLU/Mul), full, and per stage the fewest fully recomputed layers (the rest
+    SiLU/Mul-selective) that fit the budget.
     Offsets other than the YAML's are not searched (the YAML's are kept when the stage count is).
-    Rows: rank, layout, tokens_per_s_per_device, step_s, memory_GiB, fits, changes (dotted YAML keys).
+    Rows: rank, layout, tokens_per_s_per_device, step_s, memory_GiB, fits, changes (dotted YAML keys), and
+    config: the variant, whose `raw` is its edited file.
     """
     devices = devices or cfg.devices
     B = cfg.global_batch // cfg.interleave
     budget = cfg.budget_bytes
     seen, rows = set(), []
 
-    def consider(c: Config):
+    def consider(c: Config, kw: dict):
         key = (c.dp, c.mp, c.pp, c.layout.ep, c.micro, c.batch, c.grad_accum, c.seq_parallel, c.parallel_optimizer,
                c.full_recompute, tuple(tuple(sorted(s)) for s in c.select_ops))
         if key in seen:
-            return None
+            return
         seen.add(key)
         e = memory_per_stage(c)
         st = step_time(c, hw, calib)
-        r = {"cfg": c, "tokens_per_s_per_device": st["tokens_per_s_per_device"], "step_s": st["step_s"],
-             "memory_bytes": e["memory_per_device_bytes"], "fits": bool(e["fits"]) if e["fits"] is not None else True}
-        rows.append(r)
-        return r
+        rows.append({"cfg": c, "kw": kw, "tokens_per_s_per_device": st["tokens_per_s_per_device"],
+                     "step_s": st["step_s"], "memory_bytes": e["memory_per_device_bytes"],
+                     "fits": bool(e["fits"]) if e["fits"] is not None else True})
 
     cp, ep = cfg.layout.cp, cfg.layout.ep
     for mp in _divisors(devices // cp):
@@ -79,16 +86,17 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
                 if cfg.model.moe is not None and (dp * mp) % ep:
                     base["expert_parallel"] = math.gcd(ep, dp * mp)
                 for sp in ([True, False] if mp > 1 else [False]):
-                    for po in (True, False):
+                    for po in ((True,) if cfg.dialect == "pynative" else (True, False)):
                         kw = dict(base, use_seq_parallel=sp, enable_parallel_optimizer=po)
+                        recomputes = [dict(recompute=False, select_recompute=False),
+                                      dict(recompute=False, select_recompute=True),
+                                      dict(recompute=True, select_recompute=False)]
                         try:
-                            variants = [with_layout(cfg, **kw, recompute=False, select_recompute=False),
-                                        with_layout(cfg, **kw, recompute=False, select_recompute=True),
-                                        with_layout(cfg, **kw, recompute=True, select_recompute=False)]
+                            variants = [layout_variant(cfg, **kw, **r) for r in recomputes]
                         except DoctorError:
                             continue
-                        for v in variants:
-                            consider(v)
+                        for v, r in zip(variants, recomputes):
+                            consider(v, dict(kw, **r))
                         # per stage: the fewest full-recompute layers that fit, the rest SiLU/Mul-selective
                         if budget is not None:
                             layers = list(variants[0].stage_layers)
@@ -98,12 +106,13 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
                                 while lo < hi:
                                     mid = (lo + hi) // 2
                                     trial = [layers[j] if j > i else (mid if j == i else counts[j]) for j in range(pp)]
-                                    e = memory_per_stage(with_layout(cfg, **kw, recompute=trial, select_recompute=True))
+                                    e = memory_per_stage(layout_variant(cfg, **kw, recompute=trial,
+                                                                        select_recompute=True))
                                     lo, hi = (lo, mid) if e["per_stage_bytes"][i] <= budget else (mid + 1, hi)
                                 counts.append(lo)
                             if 0 < sum(counts) < sum(layers):
-                                consider(with_layout(cfg, **kw, recompute=counts if pp > 1 else counts[0],
-                                               select_recompute=True))
+                                r = dict(recompute=counts if pp > 1 else counts[0], select_recompute=True)
+                                consider(layout_variant(cfg, **kw, **r), dict(kw, **r))
     fit = sorted((r for r in rows if r["fits"]), key=lambda r: (-round(r["tokens_per_s_per_device"]), r["memory_bytes"]))
     out, names = [], set()
     for r in fit:
@@ -115,10 +124,10 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
         names.add(name)
         if len(out) == top:
             break
+        yaml = edited_yaml(cfg, **r["kw"])          # the file of a returned layout only: its changes, for --out
         out.append({"rank": len(out) + 1, "layout": name,
                     "tokens_per_s_per_device": round(r["tokens_per_s_per_device"]), "step_s": round(r["step_s"], 3),
                     "memory_GiB": round(r["memory_bytes"] / 2**30, 2), "fits": r["fits"],
-                    "changes": {k: v[1] for k, v in changed_keys(cfg.raw, c.raw).items()}, "config": c})
+                    "changes": {k: v[1] for k, v in changed_keys(cfg.raw, yaml).items()},
+                    "config": dataclasses.replace(c, raw=yaml)})
     return out
-
-
