@@ -12,7 +12,7 @@ from .cost import TERMS, memory_per_stage, mtp_params, param_count, step_time
 from .describe import DoctorError
 from .hardware import hardware
 from .readers import read_config
-from .search import better_layouts
+from .search import as_shipped_limit, better_layouts, smallest_fitting_scale
 
 def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: int | None = None,
              budget: Any = None, calib: Calibration = CALIBRATION, search: bool = True,
@@ -53,8 +53,21 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
         verdict += "; no searched change predicts more than +0.5%"
     else:
         verdict += "; no searched layout fits"
+    scale = None
+    if search and not fits and not layouts:
+        # nothing fits on the file's own devices and batch: say which key pins them, and the smallest scale that fits
+        scale = smallest_fitting_scale(cfg, hw, calib=calib)
+        limit = as_shipped_limit(cfg)
+        if scale is None:
+            verdict += f". As shipped: {limit}; nothing fits up to 4096 devices"
+        else:
+            row = scale["row"]
+            st2 = step_time(row["config"], hw, calib)
+            verdict += (f". As shipped: {limit}. It fits from {scale['devices']} devices at global batch "
+                        f"{scale['global_batch']}: {row['layout']}, predicted {row['tokens_per_s_per_device']} "
+                        f"tokens/s/p, MFU {st2['mfu_6n']:.1%} (6N)")
     return {"config": cfg, "hardware": hw, "memory": mem, "step": st, "layouts": layouts, "verdict": verdict,
-            "fits": fits, "best_gain": gain, "calibration": calib}
+            "fits": fits, "best_gain": gain, "calibration": calib, "scale": scale}
 
 
 def _short(changes: dict, n: int = 4) -> str:
@@ -73,7 +86,11 @@ def summary_json(r: dict) -> dict:
            "layout": {k: v for k, v in cfg.layout_dict().items() if k != "select_recompute"},
            "hardware": r["hardware"].name, "terms_s": {k: st[k] for k, _ in TERMS},
            "best_layout": r["layouts"][0]["layout"] if r["layouts"] else None, "best_gain": r["best_gain"],
-           "verdict": r["verdict"], "notes": list(cfg.notes), "groups": comm_groups(st)}
+           "verdict": r["verdict"], "notes": list(cfg.notes), "groups": comm_groups(st),
+           "fits_from": None if not r.get("scale") else {
+               "devices": r["scale"]["devices"], "global_batch": r["scale"]["global_batch"],
+               "layout": r["scale"]["row"]["layout"],
+               "tokens_per_s_per_device": r["scale"]["row"]["tokens_per_s_per_device"]}}
     if r.get("log"):
         skip = ("records", "refit_layouts", "refit_calibration")      # objects; the refit's figures are in "refit"
         out["log"] = {k: v for k, v in r["log"].items() if k not in skip}

@@ -33,8 +33,8 @@ def _divisors(n: int) -> list[int]:
 
 
 def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = None, top: int = 5,
-                   calib: Any = None) -> list[dict]:
-    """The `top` fitting variants by predicted tokens/s/p, same devices and global batch.
+                   calib: Any = None, global_batch: int | None = None) -> list[dict]:
+    """The `top` fitting variants by predicted tokens/s/p, same devices and global batch (or the ones given).
 
     Searched: dp x mp x pp on the devices (mp dividing the heads, pp the layers), the micro-batch size
     (1, 2, 4) with micro_batch_num or gradient accumulation making up the global batch, sequence parallel
@@ -46,7 +46,7 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
     config: the variant, whose `raw` is its edited file.
     """
     devices = devices or cfg.devices
-    B = cfg.global_batch // cfg.interleave
+    B = global_batch or cfg.global_batch // cfg.interleave
     budget = cfg.budget_bytes
     seen, rows = set(), []
 
@@ -131,3 +131,45 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
                     "changes": {k: v[1] for k, v in changed_keys(cfg.raw, yaml).items()},
                     "config": dataclasses.replace(c, raw=yaml)})
     return out
+
+
+# ---------------------------------------------------------------- a config that cannot fit as shipped
+_RULES = {
+    "pynative": ("training.global_batch_size", "global_batch_size must be divisible by data_parallel x "
+                 "local_batch_size, so it caps the data-parallel ranks (mindformers/pynative/trainer/trainer.py, "
+                 "Trainer, mindformers 2.1.0)"),
+    "static": ("parallel_config", "data_parallel x model_parallel x context_parallel x pipeline_stage must equal "
+               "the device count (mindformers/tools/check_rules.py, _check_parallel)"),
+}
+
+
+def as_shipped_limit(cfg: Config) -> str:
+    """Why a config's own file pins its scale, in one line: the key, its value and mindformers' rule."""
+    lay = cfg.layout
+    if cfg.dialect == "pynative":
+        key, rule = _RULES["pynative"]
+        return (f"{key}={lay.global_batch} with local_batch_size {lay.batch}: {rule}; at most "
+                f"{lay.global_batch // lay.batch} data-parallel ranks")
+    key, rule = _RULES["static"]
+    return (f"{key}: dp {lay.dp} x mp {lay.tp} x cp {lay.cp} x pp {lay.pp} = {lay.devices} devices: {rule}")
+
+
+def smallest_fitting_scale(cfg: Config, hw: DoctorHardware, *, calib: Any = None,
+                           max_devices: int = 4096) -> dict | None:
+    """The fewest devices (whole nodes, doubling from the config's own count), then the smallest global batch (a
+    multiple of the config's, doubling), at which the search finds a layout that fits; with that layout's row.
+    None when nothing fits up to `max_devices`."""
+    B = cfg.global_batch // cfg.interleave
+    n = max(cfg.devices, hw.devices_per_node)
+    while n <= max_devices:
+        # the largest batch tried first at each scale: dp can then take every rank; then the smallest that fits
+        top_b = B * max(1, -(-n // B))
+        if better_layouts(cfg, hw, devices=n, calib=calib, global_batch=top_b, top=1):
+            b = B
+            while b <= top_b:
+                rows = better_layouts(cfg, hw, devices=n, calib=calib, global_batch=b, top=1)
+                if rows:
+                    return {"devices": n, "global_batch": b, "row": rows[0]}
+                b *= 2
+        n *= 2
+    return None
