@@ -258,3 +258,11 @@ def test_a_config_that_cannot_fit_as_shipped_says_why_and_the_smallest_scale_tha
     if b > r["config"].global_batch:       # a smaller batch at that scale does not fit
         assert not D.better_layouts(r["config"], hw, devices=n, global_batch=b // 2, top=1)
     assert D.summary_json(r)["fits_from"]["devices"] == n
+
+
+def test_gradient_accumulation_under_a_pipeline_is_reset_to_1_as_mindformers_does():
+    """mindformers' trainer (base_trainer.py, _check_grad_accumulation_steps) sets it to 1 when pipeline_stage > 1:
+    the pipeline accumulates over micro_batch_num alone."""
+    c = D.read_config(DATA / "r1.3.0_finetune_qwen1_5_4b.yaml")
+    assert c.layout.pp == 2 and c.layout.grad_accum == 1 and c.layout.global_batch == c.layout.batch * c.dp * c.micro
+    assert any("gradient_accumulation_steps=8 with pipeline_stage=2" in n for n in c.notes)

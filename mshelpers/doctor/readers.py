@@ -387,6 +387,11 @@ def _static(d: dict, dialect: str, budget: Any, model_config: Any) -> Config:
                      "mindformers then uses 1 (LayerSetting), and so does the doctor")
         vpp = 1
     batch, ga = _static_batch(_section(d, "runner_config"), mc, notes)
+    if pp > 1 and ga > 1:     # semi-auto pipelines accumulate over micro_batch_num alone
+        notes.append(f"runner_config.gradient_accumulation_steps={ga} with pipeline_stage={pp}: 1, as mindformers "
+                     "resets it (trainer/base_trainer.py, _check_grad_accumulation_steps: it does not take effect "
+                     "in pipeline parallel)")
+        ga = 1
     mbi = _setting(d, "micro_batch_interleave_num", "micro_batch_interleave_num")
     chunks = stage_split(m.layers, pp, vpp, mc.get("offset", 0), f"{w}.offset", notes)
     rc = _section(d, "recompute_config")
