@@ -15,24 +15,24 @@ Example:
     ...
     ValueError: validate_layout: mp=3 does not divide num_heads=32 (attention heads are split whole across mp ranks); fix: use mp in [1, 2, 4, 8, 16, 32]
 
-What the figures mean (all per device, per optimizer step):
-- memory: model states (params, grads, Adam) after the mp·pp split and optional ZeRO,
-  plus the activations kept for backward, from `mshelpers.memory.estimate`, which is
-  built on `model_state_bytes` and `activation_bytes_per_layer` (Korthikanti et al. 2022).
-- communication: bytes one device sends, with ring collectives (an all-reduce of S bytes
-  over n ranks sends 2(n-1)/n·S per rank):
-  dp: one all-reduce of the local gradients (ZeRO-3 adds a parameter all-gather: 3(n-1)/n·S);
-  mp: Megatron-style tensor parallel, per layer and micro-batch 2 activation all-reduces in
-      forward (after attention and after the MLP) and 2 in backward, each of b·s·h values,
-      plus 2 more forward ones under full recompute, plus the vocab embedding/output pair;
-  pp: per micro-batch one activation sent forward and one gradient sent back (b·s·h each).
-- bubble: (p-1)/(m+p-1), the idle share of a pipeline step (GPipe and 1F1B alike);
-  (p-1)/(v·m+p-1) for the interleaved schedule with v virtual stages (model chunks) per device.
-The planner cannot see overlap of communication with compute, link topology (which
-group crosses nodes), kernel efficiency at each shard size, or contention: it ranks
-by bytes, or by time under a `Hardware` profile whose figures say where they come from:
-`Hardware.from_measurement(measure_collectives(...))` for this machine, `REFERENCE_HARDWARE`
-for cited Ascend and NVIDIA figures. Measure the winner.
+What the figures mean (all per device, per optimizer step). One cost model prices every layout: the config
+doctor (`mshelpers.doctor`, notebook 12, `python -m mshelpers.doctor`). The planner writes the mindformers YAML a
+layout becomes (`mindformers_yaml`), reads it with `doctor.read_config` and prices it:
+- memory: `doctor.memory_per_stage`, the largest pipeline stage's parameters, gradients and optimizer states (the
+  mp·pp split, MindSpore's parallel optimizer for ZeRO-1/2) and activations (Korthikanti et al. 2022 through
+  `mshelpers.memory.activation_bytes_per_layer`, 1F1B's in-flight micro-batches);
+- communication: bytes one device sends, read off the doctor's collectives (`doctor.adapt.traffic_bytes`): the dp
+  gradient reduction, Megatron's tp all-reduces (2 forward + 2 backward per layer and micro-batch, 2 more under full
+  recompute, each of b·s·h 16-bit values), pp point-to-point (an activation forward, a gradient back);
+- step time, under a `Hardware` profile: `doctor.step_time`, with ranks placed on nodes as mindformers places them
+  and every group's collectives on the links it crosses;
+- bubble: (p-1)/(m+p-1), the idle share of a pipeline step (GPipe and 1F1B alike); (p-1)/(v·m+p-1) for the
+  interleaved schedule with v virtual stages (model chunks) per device.
+What stays here is what only this module does: the layout rules (`validate_layout`), the schedules played out
+(`simulate_pipeline`, `pipeline_in_flight`), collectives measured on this machine and their alpha-beta fit
+(`measure_collectives`, `fit_alpha_beta`, `Hardware.from_measurement`), the shard check, and the mindformers YAML.
+The model cannot see kernel efficiency beyond its calibration, overlap beyond one fitted factor, or contention:
+measure the winner.
 
 Communication measured, not assumed:
     >>> rows = [{"op": "all_reduce", "bytes": b, "seconds": 1e-3 + b / 2e8, "ranks": 2} for b in (4096, 2**20, 2**24)]
@@ -118,21 +118,6 @@ def tp_allreduce_buffer_bytes(micro_batch: int, seq_len: int, hidden_size: int, 
                  ("bytes_per_value", bytes_per_value)):
         _pos("tp_allreduce_buffer_bytes", n, v)
     return micro_batch * seq_len * hidden_size * bytes_per_value
-
-
-def tp_allreduces_per_micro_batch(layers: int, *, recompute: str = "none", embedding: bool = True) -> int:
-    """Activation all-reduces one tensor-parallel rank runs per micro-batch (forward + backward).
-
-    Per layer: 2 forward (attention output, MLP output) + 2 backward (the gradients of the
-    attention and MLP inputs), + 2 forward again under full recompute. `embedding` adds the
-    vocab-parallel embedding's forward all-reduce and the output layer's backward one.
-
-        >>> tp_allreduces_per_micro_batch(32), tp_allreduces_per_micro_batch(32, recompute="full")
-        (130, 194)
-    """
-    layers = _pos("tp_allreduces_per_micro_batch", "layers", layers)
-    per_layer = 4 + (2 if recompute == "full" else 0)
-    return per_layer * layers + (2 if embedding else 0)
 
 
 # ---------------------------------------------------------------- validation
@@ -502,12 +487,9 @@ def make_layout(cfg: Any, dp: int | None = None, mp: int | None = None, pp: int 
                                 virtual_stages=virtual_stages if schedule == "interleaved" else 1)
         priced = _sibling("doctor").read_config(spec, budget=memory_budget_bytes)
         return _priced(priced, hardware, schedule, virtual_stages, interleaved_order, memory_budget_bytes is not None)
-    for n, v, default in (("zero_stage", zero_stage, 0), ("sequence_parallel", sequence_parallel, False),
-                          ("flash_attention", flash_attention, False), ("seq_len", seq_len, None),
-                          ("schedule", schedule, "1f1b"), ("virtual_stages", virtual_stages, 1)):
-        if v != default:
-            raise ValueError(f"{fn}: {n}={v!r} with a mindformers config; fix: set it in the file (the planner "
-                             "varies only dp, mp, pp and the micro-batches of a file)")
+    _file_keeps_its_settings(fn, zero_stage=zero_stage, sequence_parallel=sequence_parallel,
+                             flash_attention=flash_attention, seq_len=seq_len, schedule=schedule,
+                             virtual_stages=virtual_stages)
     lay = base.layout
     if global_batch is not None and global_batch != lay.global_batch:
         raise ValueError(f"{fn}: global_batch={global_batch} but the file trains on {lay.global_batch}; "
@@ -565,6 +547,9 @@ def plan_parallel_layout(cfg: Any, n_devices: int | None = None, *, global_batch
                   sequence_parallel=sequence_parallel, memory_budget_bytes=memory_budget_bytes,
                   hardware=hardware, flash_attention=flash_attention)
     else:
+        _file_keeps_its_settings(fn, zero_stage=zero_stage, sequence_parallel=sequence_parallel,
+                                 flash_attention=flash_attention, seq_len=seq_len, schedule=schedule,
+                                 virtual_stages=virtual_stages)
         lay = base.layout
         cp, n_devices = lay.cp, n_devices or lay.devices
         if global_batch is not None and global_batch != lay.global_batch:
@@ -676,6 +661,18 @@ def _file_config(fn: str, cfg: Any, budget: Any, model_config: Any, hardware: An
     if c.budget_bytes is None:
         c = replace(c, budget_bytes=int((hardware or Hardware.reference("ascend-910b")).memory_bytes))
     return c
+
+
+_PLANNER_DEFAULTS = {"zero_stage": 0, "sequence_parallel": False, "flash_attention": False, "seq_len": None,
+                     "schedule": "1f1b", "virtual_stages": 1}
+
+
+def _file_keeps_its_settings(fn: str, **given: Any) -> None:
+    """A mindformers file says these itself: a planner keyword other than its default is refused, not ignored."""
+    for n, v in given.items():
+        if v != _PLANNER_DEFAULTS[n]:
+            raise ValueError(f"{fn}: {n}={v!r} with a mindformers config; fix: set it in the file (the planner "
+                             "varies only dp, mp, pp and the micro-batches of a file)")
 
 
 def _vary(fn: str, base: Any, dp: int, mp: int, pp: int, m: int) -> Any:

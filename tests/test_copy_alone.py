@@ -221,7 +221,7 @@ CALLS: dict[str, str] = {
     "parallel": """
         assert m.pipeline_bubble_fraction(4, 8) == 3 / 11
         assert m.ring_allreduce_bytes(1000, 4) == 1500 and m.ring_allgather_bytes(1000, 4) == 750
-        assert m.tp_allreduce_buffer_bytes(1, 32, 64) == 4096 and m.tp_allreduces_per_micro_batch(2) > 0
+        assert m.tp_allreduce_buffer_bytes(1, 32, 64) == 4096
         m.validate_layout(Cfg(), 2, 1, 1, n_devices=2, global_batch=8)
         assert m.check_shards([[1, 2], [3, 4]], [1, 2, 3, 4])["ok"]
         import numpy as np

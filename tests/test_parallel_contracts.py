@@ -38,7 +38,6 @@ COUNTS = [
     ("ring_allreduce_bytes", (1000, 2), (None, "group_size")),
     ("ring_allgather_bytes", (1000, 2), (None, "group_size")),
     ("tp_allreduce_buffer_bytes", (2, 16, 8, 4), ("micro_batch", "seq_len", "hidden_size", "bytes_per_value")),
-    ("tp_allreduces_per_micro_batch", (4,), ("layers",)),
     ("pipeline_in_flight", (4, 8, "interleaved", 2), ("pp", "micro_batches", None, "virtual_stages")),
 ]
 
@@ -80,9 +79,6 @@ def test_the_defaults():
     one = parallel.communication_bytes(MINI, 1, 1, 1, global_batch=1)
     assert one["tp_buffer_bytes"] == 1 * MINI.seq_len * MINI.hidden_size * 2      # activations sent at 16 bits
     assert parallel.pipeline_bubble_fraction(4, 8) == 3 / 11                      # virtual_stages=1
-    assert parallel.tp_allreduces_per_micro_batch(3) == 14                        # recompute none, embedding on
-    assert parallel.tp_allreduces_per_micro_batch(3, embedding=False) == 12
-    assert parallel.tp_allreduces_per_micro_batch(3, recompute="full", embedding=False) == 18
     assert parallel.tp_allreduce_buffer_bytes(2, 3, 5) == 60                      # 2 bytes a value
     assert parallel.pipeline_in_flight(4, 8) == [4, 3, 2, 1]                      # 1f1b
     # zero_stage=0: no parameter all-gather on top of the gradient all-reduce
