@@ -647,20 +647,13 @@ def communication_bytes(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int 
 
 
 def _file_config(fn: str, cfg: Any, budget: Any, model_config: Any, hardware: Any) -> Any:
-    """A doctor Config for a mindformers file (path, parsed dict) or a doctor Config; None for a RunConfig. Its
-    budget: `budget`, else the file's max_device_memory, else the hardware's memory (the CLI's rule)."""
+    """A doctor Config for a mindformers file (path, parsed dict) or a doctor Config; None for a RunConfig."""
     is_cfg = all(hasattr(cfg, a) for a in ("model", "layout", "dialect", "budget_bytes"))
     if not (is_cfg or isinstance(cfg, (str, os.PathLike)) or (isinstance(cfg, dict) and (
             "model" in cfg or "training" in cfg))):
         return None
-    D = _sibling("doctor")
-    if is_cfg:
-        c = cfg if budget is None else replace(cfg, budget_bytes=int(budget))
-    else:
-        c = D.read_config(cfg, budget=budget, model_config=model_config)
-    if c.budget_bytes is None:
-        c = replace(c, budget_bytes=int((hardware or Hardware.reference("ascend-910b")).memory_bytes))
-    return c
+    memory = (hardware or Hardware.reference("ascend-910b")).memory_bytes
+    return _sibling("doctor.adapt").file_config(cfg, budget=budget, model_config=model_config, memory_bytes=memory)
 
 
 _PLANNER_DEFAULTS = {"zero_stage": 0, "sequence_parallel": False, "flash_attention": False, "seq_len": None,
@@ -676,22 +669,12 @@ def _file_keeps_its_settings(fn: str, **given: Any) -> None:
 
 
 def _vary(fn: str, base: Any, dp: int, mp: int, pp: int, m: int) -> Any:
-    """`base` on dp x mp x pp with m micro-batches (pipeline micro-batches with pp > 1, else gradient
-    accumulation), the same global batch: `doctor.with_layout`, as the doctor's own search does."""
+    """`base` on dp x mp x pp with m micro-batches, the same global batch (`doctor.adapt.on_degrees`)."""
     lay = base.layout
     for n, v in (("dp", dp), ("mp", mp), ("pp", pp), ("micro_batches", m)):
         _pos(fn, n, v)
     validate_layout(base, dp, mp, pp, m, n_devices=dp * mp * pp, global_batch=lay.global_batch // lay.interleave)
-    if (dp, mp, pp, m) == (lay.dp, lay.tp, lay.pp, lay.n_micro):
-        return base
-    kw = dict(data_parallel=dp, model_parallel=mp, pipeline_stage=pp, micro_batch_num=m if pp > 1 else 1,
-              gradient_accumulation_steps=1 if pp > 1 else m,
-              batch_size=lay.global_batch // (lay.interleave * dp * m))
-    if pp != lay.pp:
-        kw["offset"] = 0
-        if lay.vpp > 1:
-            kw["pp_interleave_num"] = 1
-    return _sibling("doctor").with_layout(base, **kw)
+    return _sibling("doctor.adapt").on_degrees(base, dp, mp, pp, m)
 
 
 def _priced(dcfg: Any, hardware: Any, schedule: str, v: int, order: str, fits_known: bool) -> Layout:

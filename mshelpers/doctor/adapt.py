@@ -7,11 +7,15 @@ activations one micro-batch leaves on a stage. Both are read off the doctor's ow
   stage_activations(cfg, i)   one micro-batch's stored activations on stage i, the recompute working set, the
                               logits, and the in-flight micro-batches `cost.memory_per_stage` multiplies by
 
+  file_config(source, ...)   a mindformers file (path, dict) or a Config, with the CLI's budget rule
+  on_degrees(cfg, dp, ...)    the same model and global batch on other degrees, as the doctor's search varies them
+
 A planner that prices a layout through these and through `cost.memory_per_stage` / `cost.step_time` says what
 the CLI says for the same file (tests/test_one_price.py holds every fixture YAML to that).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from . import cost
@@ -68,3 +72,35 @@ def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
         output = mem.output_activation_bytes(seq, lay.batch, m.vocab, tp=lay.tp, bytes_per_value=bpv) * (1 + m.mtp)
     return {"layers": len(ids), "per_layer": per_layer, "per_micro_batch": stored, "working": working,
             "output": output, "in_flight": inflight, "bytes": stored * inflight + working + output}
+
+
+def file_config(source: Any, *, budget: Any = None, model_config: Any = None, memory_bytes: float | None = None) -> Config:
+    """A Config for a mindformers file (path or parsed dict, read by `readers.read_config`) or a Config, held
+    against `budget`, else the file's max_device_memory, else `memory_bytes` (the hardware's memory: the CLI's
+    rule when a file names no budget)."""
+    if isinstance(source, Config):
+        cfg = source if budget is None else dataclasses.replace(source, budget_bytes=int(budget))
+    else:
+        from .readers import read_config
+        cfg = read_config(source, budget=budget, model_config=model_config)
+    if cfg.budget_bytes is None and memory_bytes is not None:
+        cfg = dataclasses.replace(cfg, budget_bytes=int(memory_bytes))
+    return cfg
+
+
+def on_degrees(cfg: Config, dp: int, tp: int, pp: int, micro: int) -> Config:
+    """`cfg` on dp x tp x pp with `micro` micro-batches (pipeline micro-batches with pp > 1, else gradient
+    accumulation) and the same global batch, through `readers.with_layout` with the keys the doctor's search
+    changes (a new stage count resets the offsets and the interleaving)."""
+    lay = cfg.layout
+    if (dp, tp, pp, micro) == (lay.dp, lay.tp, lay.pp, lay.n_micro):
+        return cfg
+    kw = dict(data_parallel=dp, model_parallel=tp, pipeline_stage=pp, micro_batch_num=micro if pp > 1 else 1,
+              gradient_accumulation_steps=1 if pp > 1 else micro,
+              batch_size=lay.global_batch // (lay.interleave * dp * micro))
+    if pp != lay.pp:
+        kw["offset"] = 0
+        if lay.vpp > 1:
+            kw["pp_interleave_num"] = 1
+    from .readers import with_layout
+    return with_layout(cfg, **kw)
