@@ -138,6 +138,9 @@ CALLS: dict[str, str] = {
         assert m.with_layout(c, batch_size=2).batch == 2 and m.fixture_dir()
         assert m.family_summary([{"role": "check", "family": "x", "error": 0.1, "fits": True}])[0]["n"] == 1
         assert m.ranking_groups([]) == [] and m.release_of({"config": "r1.3.0_x.yaml"}) == (1, 3, 0)
+        assert m.layout_variant(c, batch_size=2).batch == 2 and m.edited_yaml(c, batch_size=2) != c.raw
+        assert m.rank_groups(c.layout, "r1.x")["DP"] == list(range(8)) and m.group_span([0, 8], 8)["nodes"] == 2
+        assert m.rank_map(c.layout, "r1.x", 8)[7]["dp"] == 7 and "check_rules.py" in m.as_shipped_limit(c)
         assert m.off_families([{"role": "check", "family": "x", "moe": True, "error": 0.6, "fits": True}]) == {("x", True)}
         assert m.changed_keys({"a": {"b": 1}}, {"a": {"b": 2}}) == {"a.b": (1, 2)}
         assert m.calibration_summary([{"role": "check", "error": 0.1, "fits": True}])["median_abs_error"] == 0.1
@@ -368,6 +371,7 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
         assert hw.peak("float32") == 1e11 and hw.dp_overlap == 0"""),
     ("doctor", "measure_cpu_steps"): (_TRAIN_CHAIN, ""),
     ("doctor", "better_layouts"): (("memory",), ""),
+    ("doctor", "smallest_fitting_scale"): (("memory",), ""),
     ("doctor", "calibration_table"): (("memory",), ""),
     ("doctor", "guide_13b_ranking"): (("memory",), ""),
     ("doctor", "diagnose"): (("memory",), ""),

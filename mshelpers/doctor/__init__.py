@@ -9,15 +9,21 @@ memory per pipeline stage against the budget, the step decomposed term by term, 
 three conventions against the SKU's datasheet peak, and the top 5 layouts under the budget. With --log it
 reads your own run and prints the measured tokens/s/p, MFU and the prediction's error.
 
-The rooms, each one concern (data flows readers -> cost <- hardware; search and calibration use cost;
+The rooms, each one concern (data flows readers -> cost <- hardware, topology; search and calibration use cost;
 report and logs use all of them; the CLI uses report and logs):
-  describe.py     Model, MoE, Layout, Config, DoctorError: the vocabulary every room shares
+  describe.py     Model, MoE, Layout, Config, Calibration (and the fitted CALIBRATION), DoctorError: the vocabulary
+  layouts.py      the stage split, per-stage recompute and the layout checks the reader and the variants share
   readers.py      a file in any dialect -> one Model + one Layout (read_config, with_layout)
+  variants.py     the same model on another layout (layout_variant: dataclasses.replace, no YAML), and the file
+                  of a layout that is written out (edited_yaml)
   hardware.py     Ascend profiles, each figure with its source; "cpu" is this machine
-  cost.py         FLOPs, parameters, the step decomposed, memory per stage (never sees a YAML)
-  search.py       layouts under the budget, ranked
+  topology.py     ranks placed on nodes in mindformers' order per dialect; the span and links of each group
+  cost.py         FLOPs, parameters, the step decomposed on the links each group crosses, memory per stage
+                  (never sees a YAML)
+  adapt.py        the same prices in the planner's terms (bytes per group, stage activations) for parallel.py
+  search.py       layouts under the budget, ranked; the smallest scale at which a config that cannot fit does
   published.py    mindformers' published tokens/s/p with the YAMLs they link
-  calibration.py  the fitted constants, the fit, the error by family, rankings and Kendall's tau
+  calibration.py  the fit, the error by family, rankings and Kendall's tau
   logs.py         a mindformers training log or metrics.csv -> measured steps
   report.py       the verdict, the tables, the pictures, the improved YAML
   cpu_check.py    the cost model checked on this CPU against the mini LLaMA (notebook 12)
@@ -47,7 +53,9 @@ from .published import PUBLISHED
 from .readers import ALIASES, dialect_of, load_yaml, parse_size, read_config, read_model, stage_split, with_layout
 from .report import (diagnose, figures, load_with_mindformers, published_scatter, render_text, summary_json,
                      write_outputs)
-from .search import better_layouts, changed_keys
+from .search import as_shipped_limit, better_layouts, changed_keys, smallest_fitting_scale
+from .topology import groups as rank_groups, rank_map, span as group_span
+from .variants import edited_yaml, layout_variant
 
 _with = with_layout                 # the name the single-file doctor had
 CPU_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_worker.py")   # msrun's script
