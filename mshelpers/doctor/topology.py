@@ -88,9 +88,9 @@ def span(ranks: list[int], devices_per_node: int) -> dict[str, Any]:
 
 def _intra_bw(hw: Any, per_node: int) -> float:
     """Per-device bandwidth inside a node, whatever the group size: msmodeling's 196e9 B/s per device of the
-    A2 full mesh. The other reading (7 links of 28e9, n - 1 of them for an n-rank group) was priced against
-    the published figures too and fits them worse: 9 families off target instead of 6, and CodeLlama 34B's
-    16 -> 32 card order inverted (README, Config doctor)."""
+    A2 full mesh. The other reading (7 links of 28e9, n - 1 of them for an n-rank group) was priced against the
+    published figures too (bench/doctor_fit_sets.py): its best fit sets miss as many families at a higher
+    median error, and all of them invert CodeLlama 34B's published 16 -> 32 card order (README, Config doctor)."""
     return hw.intra_link_bytes_per_s * hw.links_per_device
 
 
