@@ -25,18 +25,12 @@ import pytest
 from mshelpers import doctor as D
 from mshelpers import memory, parallel
 from mshelpers.config import RunConfig
+from test_doctor_dialects import MODEL_FOR as DIALECT_MODEL_FOR
 
 DATA = Path(__file__).parent / "data" / "mindformers"
-HF = DATA / "hf"
 FILES = sorted(p.relative_to(DATA).as_posix() for p in DATA.rglob("*.yaml"))
-# the model each 2.1.0 file that names none is read with (pretrained_model_dir is a placeholder there)
-MODEL_FOR = {"2.1.0/general/llm_pretrain_dense_template.yaml": HF / "Qwen3-32B",
-             "2.1.0/general/llm_finetune_dense_template.yaml": HF / "Qwen3-32B",
-             "2.1.0/general/llm_pretrain_moe_template.yaml": HF / "Qwen3-30B-A3B",
-             "2.1.0/general/llm_finetune_moe_template.yaml": HF / "Qwen3-30B-A3B",
-             "2.1.0/qwen3/finetune_qwen3.yaml": HF / "Qwen3-32B",
-             "2.1.0/deepseek3/finetune_deepseek3_671b.yaml": HF / "DeepSeek-V3",
-             "2.1.0/deepseek3/finetune_deepseek3_12b_16p_pp16.yaml": HF / "DeepSeek-V3"}
+# the model each 2.1.0 file that names none is read with: the dialect tests' own table, under this file's paths
+MODEL_FOR = {f"2.1.0/{name}": path for name, path in DIALECT_MODEL_FOR.items()}
 ASCEND = parallel.Hardware.reference("ascend-910b")
 
 

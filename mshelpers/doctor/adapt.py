@@ -19,8 +19,7 @@ import dataclasses
 from typing import Any
 
 from . import cost
-from .calibration import Calibration
-from .describe import Config, DoctorError, _sibling
+from .describe import Calibration, Config
 from .hardware import DoctorHardware
 
 # A link of 1 byte/s, no latency, every rank in one node: a collective's time is then the bytes each device sends
@@ -44,34 +43,7 @@ def traffic_bytes(cfg: Config) -> dict[str, float]:
     return out
 
 
-def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
-    """Stage i's activations as `cost.memory_per_stage` counts them: per_micro_batch (the layers' stored bytes for
-    one micro-batch, each layer in its recompute mode), working (one layer rematerialised under recompute),
-    output (logits on the last stage), in_flight (micro-batches held under 1F1B, x the interleaved factor) and
-    bytes = per_micro_batch x in_flight + working + output (swap: the two largest layers stay on device)."""
-    mem = _sibling("memory")
-    m, lay = cfg.model, cfg.layout
-    if not (isinstance(i, int) and 0 <= i < lay.pp):
-        raise DoctorError("stage", i, f"0 <= stage < pp = {lay.pp}")
-    ids = cost.stage_layer_ids(cfg)[i]
-    bpv = 2 if lay.compute_dtype in ("float16", "bfloat16") else 4
-    seq = m.seq // lay.cp
-    full = lay.full_recompute[i]
-    sel = max((k for _, k in lay.select_ops[i]), default=0)
-    per_layer = [cost._layer_activation(mem, m, lay, j, seq, "full" if k < full else "selective" if k < full + sel
-                                        else "none", bpv) for k, j in enumerate(ids)]
-    working = 0
-    if (full or sel) and ids:
-        working = cost._layer_activation(mem, m, lay, ids[0], seq, "none", bpv) - min(per_layer)
-    stored = sum(sorted(per_layer, reverse=True)[:2]) if lay.swap and ids else sum(per_layer)
-    inflight = min(lay.pp - i, lay.micro) if lay.pp > 1 else 1
-    if lay.vpp > 1 and lay.pp > 1:
-        inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
-    output = 0
-    if i == lay.pp - 1:
-        output = mem.output_activation_bytes(seq, lay.batch, m.vocab, tp=lay.tp, bytes_per_value=bpv) * (1 + m.mtp)
-    return {"layers": len(ids), "per_layer": per_layer, "per_micro_batch": stored, "working": working,
-            "output": output, "in_flight": inflight, "bytes": stored * inflight + working + output}
+stage_activations = cost.stage_activations     # the count memory_per_stage adds, one micro-batch at a time
 
 
 def file_config(source: Any, *, budget: Any = None, model_config: Any = None, memory_bytes: float | None = None) -> Config:
@@ -91,7 +63,9 @@ def file_config(source: Any, *, budget: Any = None, model_config: Any = None, me
 def on_degrees(cfg: Config, dp: int, tp: int, pp: int, micro: int) -> Config:
     """`cfg` on dp x tp x pp with `micro` micro-batches (pipeline micro-batches with pp > 1, else gradient
     accumulation) and the same global batch, through `readers.with_layout` with the keys the doctor's search
-    changes (a new stage count resets the offsets and the interleaving)."""
+    changes (a new stage count resets the offsets and the interleaving). The file is edited and read again, not
+    varied with `variants.layout_variant`: a file at model_parallel 1 keeps use_seq_parallel and the parallel
+    optimizer switch, which its parsed Layout cannot carry to tp > 1 or dp > 1."""
     lay = cfg.layout
     if (dp, tp, pp, micro) == (lay.dp, lay.tp, lay.pp, lay.n_micro):
         return cfg

@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 from . import topology
-from .describe import CALIBRATION, Config, Model, _sibling
+from .describe import CALIBRATION, Config, DoctorError, Model, _sibling
 
 
 # ---------------------------------------------------------------- FLOPs and parameters
@@ -189,8 +189,7 @@ def _stage_params(m: Model, lay: Any, i: int) -> tuple[float, float]:
 def _rate(peak: float, calib: Any, width: float) -> float:
     """FLOP/s of matmuls whose per-device width is `width`: compute_efficiency x w / (w + half_width) of the peak
     (narrow shards feed the cube units worse)."""
-    half = calib.half_width
-    return peak * calib.compute_efficiency * width / (width + half) if width + half > 0 else 0.0
+    return peak * calib.compute_efficiency * width / (width + calib.half_width)
 
 
 def expert_matmul_flops(m: Model, i: int) -> float:
@@ -231,6 +230,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     tp_bw, tp_lat = topology.ring_link(hw, spans["TP"])
     cp_bw, cp_lat = topology.ring_link(hw, spans["CP"])
     pp_bw, pp_lat = topology.ring_link(hw, spans["PP"])
+    ep_lat = topology.ring_link(hw, spans["EP"])[1]
     ids = stage_layer_ids(cfg)
     per_stage, comp, hbm, tps, eps, cps, p2ps, hw_flops_total = [], [], [], [], [], [], [], 0.0
     for i in range(lay.pp):
@@ -276,8 +276,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
             local = tokens_micro / (lay.tp if lay.seq_parallel else 1)
             buffer = local * m.moe.slots() * m.hidden * 2                   # every slot is sent, filled or not
             n_a2a = 4 * len(moe_layers) + 2 * sum(1 for j in moe_layers if j - ids[i][0] < n_full)
-            lat = hw.inter_latency_s if spans["EP"]["nodes"] > 1 else hw.intra_latency_s
-            e = n_a2a * (topology.all_to_all_time(hw, spans["EP"], buffer) * f_comm + lat)
+            e = n_a2a * (topology.all_to_all_time(hw, spans["EP"], buffer) * f_comm + ep_lat)
         x = 0.0
         if lay.cp > 1:
             if lay.cp_kind == "ulysses":
@@ -359,12 +358,9 @@ TERMS = (("compute_s", "compute"), ("attn_hbm_s", "attention scores through HBM 
 def memory_per_stage(cfg: Config) -> dict[str, Any]:
     """Peak bytes per device of each pipeline stage, against the budget, with the largest stage's breakdown
     (params, grads, optimizer_states, activations, grad_accum_buffer)."""
-    mem = _sibling("memory")
     m, lay = cfg.model, cfg.layout
     ids = stage_layer_ids(cfg)
     pb = lay.param_bytes
-    bpv = 2 if lay.compute_dtype in ("float16", "bfloat16") else 4
-    seq = m.seq // lay.cp
     accum = lay.grad_accum > 1 or (lay.pp > 1 and lay.micro > 1)
     replicas_expert = max(1, lay.dp * lay.tp // expert_shard(cfg))
     totals, parts = [], []
@@ -390,27 +386,7 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
         buffer = 0
         if accum and lay.shard_accum and po:
             grads = grads / lay.shard_ranks
-        inflight = min(lay.pp - i, lay.micro) if lay.pp > 1 else 1
-        if lay.vpp > 1 and lay.pp > 1:
-            inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
-        n = len(ids[i])
-        full = lay.full_recompute[i]
-        sel = max((k for _, k in lay.select_ops[i]), default=0)
-        per_layer = []
-        for j_pos, j in enumerate(ids[i]):
-            mode = "full" if j_pos < full else "selective" if j_pos < full + sel else "none"
-            per_layer.append((mode, _layer_activation(mem, m, lay, j, seq, mode, bpv)))
-        stored = sum(b for _, b in per_layer)
-        working = 0
-        if full or sel:
-            j = ids[i][0] if ids[i] else 0
-            working = _layer_activation(mem, m, lay, j, seq, "none", bpv) - min(b for _, b in per_layer)
-        if lay.swap and n:
-            stored = sum(sorted((b for _, b in per_layer), reverse=True)[:2])   # two layers on device, the rest offloaded
-        out_act = 0
-        if i == lay.pp - 1:
-            out_act = mem.output_activation_bytes(seq, lay.batch, m.vocab, tp=lay.tp, bytes_per_value=bpv) * (1 + m.mtp)
-        activations = stored * inflight + working + out_act
+        activations = stage_activations(cfg, i)["bytes"]
         total = params + grads + states + buffer + activations
         totals.append(int(total))
         parts.append({"params": int(params), "grads": int(grads), "optimizer_states": int(states),
@@ -421,6 +397,36 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
             "budget_bytes": budget, "fits": None if budget is None else totals[peak] <= budget,
             "headroom_bytes": None if budget is None else budget - totals[peak], "breakdown": parts[peak],
             "per_stage_breakdown": parts}
+
+
+def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
+    """Stage i's activations: per_layer (each layer in its recompute mode), per_micro_batch (their sum; swap: the
+    two largest stay on device), working (one layer rematerialised under recompute), output (logits on the last
+    stage), in_flight (micro-batches held under 1F1B, x Narayanan et al.'s interleaved factor) and
+    bytes = per_micro_batch x in_flight + working + output, the term memory_per_stage adds."""
+    mem = _sibling("memory")
+    m, lay = cfg.model, cfg.layout
+    if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < lay.pp):
+        raise DoctorError("stage", i, f"0 <= stage < pp = {lay.pp}")
+    ids = stage_layer_ids(cfg)[i]
+    bpv = 2 if lay.compute_dtype in ("float16", "bfloat16") else 4
+    seq = m.seq // lay.cp
+    full = lay.full_recompute[i]
+    sel = max((k for _, k in lay.select_ops[i]), default=0)
+    per_layer = [_layer_activation(mem, m, lay, j, seq, "full" if k < full else "selective" if k < full + sel
+                                   else "none", bpv) for k, j in enumerate(ids)]
+    working = 0
+    if (full or sel) and ids:
+        working = _layer_activation(mem, m, lay, ids[0], seq, "none", bpv) - min(per_layer)
+    stored = sum(sorted(per_layer, reverse=True)[:2]) if lay.swap and ids else sum(per_layer)
+    inflight = min(lay.pp - i, lay.micro) if lay.pp > 1 else 1
+    if lay.vpp > 1 and lay.pp > 1:
+        inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
+    output = 0
+    if i == lay.pp - 1:
+        output = mem.output_activation_bytes(seq, lay.batch, m.vocab, tp=lay.tp, bytes_per_value=bpv) * (1 + m.mtp)
+    return {"layers": len(ids), "per_layer": per_layer, "per_micro_batch": stored, "working": working,
+            "output": output, "in_flight": inflight, "bytes": stored * inflight + working + output}
 
 
 def _layer_activation(mem: Any, m: Model, lay: Any, j: int, seq: int, mode: str, bpv: int) -> int:

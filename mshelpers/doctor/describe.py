@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .published import PUBLISHED
+
 
 def _sibling(module: str, *names: str) -> Any:
     """A sibling cookbook module (or names from it), imported when a function needs it: mshelpers.<module>
@@ -159,7 +161,7 @@ class Calibration:
 
 # The values calibration.fit_calibration() returns on the published "fit" rows (tests/test_doctor.py re-fits and
 # compares). Kept here, in the vocabulary every room imports, so cost.py needs no import of calibration.py.
-FIT_FILES = ("r1.2.0_pretrain_llama2_7b.yaml", "r1.6.0_finetune_telechat_39b_a12b.yaml", "r1.3.0_finetune_glm32k.yaml")
+FIT_FILES = tuple(p["file"] for p in PUBLISHED if p["role"] == "fit")
 CALIBRATION = Calibration(compute_efficiency=0.6255, comm_time_factor=2.572, fitted_on=FIT_FILES,
                           half_width=0.0, attention_efficiency=0.8149)
 

@@ -164,12 +164,14 @@ def smallest_fitting_scale(cfg: Config, hw: DoctorHardware, *, calib: Any = None
     while n <= max_devices:
         # the largest batch tried first at each scale: dp can then take every rank; then the smallest that fits
         top_b = B * max(1, -(-n // B))
-        if better_layouts(cfg, hw, devices=n, calib=calib, global_batch=top_b, top=1):
+        at_top = better_layouts(cfg, hw, devices=n, calib=calib, global_batch=top_b, top=1)
+        if at_top:
             b = B
-            while b <= top_b:
+            while b < top_b:
                 rows = better_layouts(cfg, hw, devices=n, calib=calib, global_batch=b, top=1)
                 if rows:
                     return {"devices": n, "global_batch": b, "row": rows[0]}
                 b *= 2
+            return {"devices": n, "global_batch": top_b, "row": at_top[0]}
         n *= 2
     return None
