@@ -96,3 +96,20 @@ def test_parallel_optimizer_shards_over_dp_times_cp():
     lay = Layout(dp=1, cp=4, optimizer_shard="po")
     assert lay.parallel_optimizer and lay.shard_ranks == 4
     assert not Layout(dp=1, cp=1, optimizer_shard="po").parallel_optimizer
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda: T.span([], 8), "ranks"), (lambda: T.span([0, -1], 8), "ranks"), (lambda: T.span([0, 1], 0), "devices_per_node"),
+    (lambda: T.rank_map(Layout(dp=2), "r1.x", 8, limit=0), "limit"),
+    (lambda: T.rank_map(Layout(dp=2), "r1.x", True), "devices_per_node")])
+def test_bad_input_is_one_line_naming_the_field(call, field):
+    with pytest.raises(D.DoctorError) as e:
+        call()
+    assert e.value.field == field and "fix:" in str(e.value)
+
+
+def test_smallest_fitting_scale_refuses_a_bad_limit():
+    cfg = D.read_config(DATA / "r1.2.0_pretrain_llama2_7b.yaml")
+    with pytest.raises(D.DoctorError) as e:
+        D.smallest_fitting_scale(cfg, A2, max_devices=0)
+    assert e.value.field == "max_devices"

@@ -159,6 +159,8 @@ def smallest_fitting_scale(cfg: Config, hw: DoctorHardware, *, calib: Any = None
     """The fewest devices (whole nodes, doubling from the config's own count), then the smallest global batch (a
     multiple of the config's, doubling), at which the search finds a layout that fits; with that layout's row.
     None when nothing fits up to `max_devices`."""
+    if not (isinstance(max_devices, int) and not isinstance(max_devices, bool) and max_devices > 0):
+        raise DoctorError("max_devices", max_devices, "a positive integer: the largest device count to try")
     B = cfg.global_batch // cfg.interleave
     n = max(cfg.devices, hw.devices_per_node)
     while n <= max_devices:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .describe import DoctorError
+
 ORDER_SOURCES = {
     "r1.x": "mindformers/modules/transformer/moe.py (MoE: dp_moe = dp // ep; shards (dp_moe, ep, ..., mp))",
     "mcore": "mindformers/parallel_core/training_graph/device_matrix.py (layouts (dp, cp, tp) and (dp*tp*cp//ep, ep))",
@@ -73,8 +75,16 @@ def groups(lay: Any, dialect: str = "r1.x") -> dict[str, list[int]]:
     return out
 
 
+def _check(ranks: Any, devices_per_node: Any) -> None:
+    if not (isinstance(devices_per_node, int) and not isinstance(devices_per_node, bool) and devices_per_node > 0):
+        raise DoctorError("devices_per_node", devices_per_node, "a positive integer (8 on an Atlas 800T A2 node)")
+    if not ranks or any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in ranks):
+        raise DoctorError("ranks", ranks, "a non-empty list of global ranks (integers >= 0), e.g. groups(...)['TP']")
+
+
 def span(ranks: list[int], devices_per_node: int) -> dict[str, Any]:
     """How a group lies on the nodes: size, nodes crossed, most ranks on one node, and a short description."""
+    _check(ranks, devices_per_node)
     nodes: dict[int, int] = {}
     for r in ranks:
         nodes[r // devices_per_node] = nodes.get(r // devices_per_node, 0) + 1
@@ -126,6 +136,9 @@ def placement(lay: Any, dialect: str, devices_per_node: int) -> list[dict]:
 
 def rank_map(lay: Any, dialect: str, devices_per_node: int, limit: int = 64) -> list[dict]:
     """Rank -> (node, device, pp, dp, cp, tp, ep index) for the first `limit` ranks (notebook 12's table)."""
+    _check([0], devices_per_node)
+    if not (isinstance(limit, int) and not isinstance(limit, bool) and limit > 0):
+        raise DoctorError("limit", limit, "a positive integer: how many ranks to list")
     fam = _family(dialect)
     rows = []
     for r in range(min(limit, lay.devices)):
