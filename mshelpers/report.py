@@ -22,6 +22,7 @@ import math
 import numbers
 import os
 import statistics
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -108,33 +109,58 @@ def claim_trained(name: str, losses: Sequence[float], floor: float | None = None
 
 TIMING_SENTENCES = {"win": "{cand} is faster than {base}", "within noise": "{cand} and {base} are within the noise",
                     "regression": "{cand} is slower than {base}"}
-
-
 EXPECTATIONS = (*TIMING_SENTENCES, "undecided")
+TIGHT_BAND = 0.15   # as timing.TIGHT_BAND: "within noise" says something only under a ±15 % band
+
+
+def _load_average() -> str:
+    try:
+        return "/".join(f"{x:.2f}" for x in os.getloadavg()[:2]) + f" on {os.cpu_count()} cores"
+    except OSError:
+        return "unknown"
+
+
+def _record_timing(entry: dict) -> None:
+    """Append one timing verdict to $MSHELPERS_VERDICT_LOG (JSON lines), when set: `make outputs` sets it, and the
+    run's manifest then lists every timing claim with its band. A log that cannot be written costs a warning, not
+    the verdict."""
+    path = os.environ.get("MSHELPERS_VERDICT_LOG")
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+    except OSError as e:
+        print(f"claim_timing: could not record the verdict in MSHELPERS_VERDICT_LOG={path!r} ({e}); "
+              "fix: point it at a writable file", file=sys.stderr)
 
 
 def claim_timing(base_name: str, base: Sequence[float], cand_name: str, cand: Sequence[float], *,
                  expect: str | None = None, lower_is_better: bool = True, unit: str = "ms",
-                 rel_floor: float = 0.02, control: Sequence[float] | None = None) -> str:
-    """A timing verdict against the one expected beforehand: 'win', 'within noise', 'regression' or 'undecided'.
+                 rel_floor: float = 0.02, control: Sequence[float] | None = None, why_wide: str = "") -> str:
+    """A timing verdict against the one expected beforehand. Returns the measured verdict: 'win', 'regression',
+    'within noise' or 'too noisy'.
 
-    The verdict rule is timing.verdict's (inlined so this module copies alone): the difference of the
-    medians must exceed the larger round-to-round range and `rel_floor` of the baseline. `expect` is
-    required and states what the cookbook expects before measuring, with its reason in the notebook (graph
-    mode against PyNative: 'win'; a no-op such as jit O1 on CPU: 'within noise'): the sentence is printed by
-    `claim` and any other verdict raises ClaimFailed. Where the cookbook cannot know in advance (a lever
-    that may or may not help on this CPU), expect='undecided': the measured verdict is printed as such, no
-    sentence is claimed and nothing can pass or fail. Returns the measured verdict.
+    `expect` is required and states what the cookbook expects before measuring, with its reason in the notebook
+    (graph mode against PyNative: 'win'; a no-op such as jit O1 on CPU: 'within noise'). A decided verdict ('win',
+    'regression', or 'within noise' under a band narrower than ±15 %) is printed as a sentence by `claim`, and
+    raises ClaimFailed when it contradicts `expect`. A band of ±15 % or wider that the effect does not clear is
+    'too noisy': this machine could not tell. That is printed loudly in one line with the band and the load
+    average, and is no failure: it contradicts nothing. Where the cookbook cannot know in advance,
+    expect='undecided': the measured verdict is printed, nothing is claimed and nothing can fail.
 
-    `control`: an A/A control, the baseline run a second time in the same rounds (lists aligned by round, as
-    `timing.compare_interleaved(aa_control=True)` gives them). The verdict is then timing.paired_verdict's
-    (inlined): per round, the candidate's log-ratio to the baseline must clear the largest |log-ratio| of the
-    A/A copy to it (at least `rel_floor`), with every round on the same side. If the A/A pair itself differs by
-    the rule above, the machine was too noisy: that is printed, nothing is claimed, and 'undecided (too noisy)'
-    is returned.
+    Without `control`, the rule is timing.verdict's (inlined so this module copies alone): the difference of the
+    medians must exceed the larger round-to-round range and `rel_floor` of the baseline. With `control`, an A/A
+    copy of the baseline run in the same rounds (aligned by round, as `timing.compare_interleaved(aa_control=True)`
+    gives them), it is timing.decide's: the median per-round log-ratio against a band of two standard errors of
+    that median, one round's noise taken robustly from the A/A ratios (1.4826 x their median |log-ratio|) or from
+    the candidate's own scatter where wider. An effect that clears the band is decided even when the A/A copies
+    differ a little. Every verdict, with its band, is appended to $MSHELPERS_VERDICT_LOG when that is set.
+    `why_wide` says, for the run's manifest, why this comparison's band may not get under ±15 % (e.g. a first step
+    that includes a compile).
 
         >>> claim_timing("O0", [100, 110, 105], "O1", [80, 88, 84], expect="win", control=[102, 108, 104])
-        ✓ O1 is faster than O0: median 84 ms (80–88) against 105 ms (100–110), ratio 0.8; per round 0.8 (0.8–0.8) against an A/A band of ±2.0 %  [verdict=win, expected=win]
+        ✓ O1 is faster than O0: median 84 ms (80–88) against 105 ms (100–110), ratio 0.8; per round 0.8 (0.8–0.8) against an A/A band of ±4.0 %  [verdict=win, expected=win]
         'win'
 
         >>> claim_timing("O0", [100, 104, 102], "O1", [80, 82, 81], expect="win")
@@ -151,34 +177,42 @@ def claim_timing(base_name: str, base: Sequence[float], cand_name: str, cand: Se
         raise ValueError("claim_timing: base and cand need at least one value each; fix: run more rounds")
     b, c = sorted(float(x) for x in base), sorted(float(x) for x in cand)
     bm, cm = statistics.median(b), statistics.median(c)
-    noise = max(b[-1] - b[0], c[-1] - c[0], rel_floor * abs(bm))
-    delta = (bm - cm) if lower_is_better else (cm - bm)
-    verdict = "win" if delta > noise else "regression" if -delta > noise else "within noise"
     f = lambda v: f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
     paired = ""
-    if control is not None:
+    if control is None:
+        noise = max(b[-1] - b[0], c[-1] - c[0], rel_floor * abs(bm))
+        delta = (bm - cm) if lower_is_better else (cm - bm)
+        band = noise / abs(bm) if bm else float("inf")
+        decided = abs(delta) > noise
+    else:
         if not (len(control) == len(base) == len(cand)) or len(base) < 2:
             raise ValueError(f"claim_timing: base, cand and control have {len(base)}, {len(cand)} and {len(control)} "
                              "values; fix: one value per round, at least 2 rounds, in the same order")
         if min(map(float, (*base, *cand, *control))) <= 0:
             raise ValueError("claim_timing: with a control every value must be > 0; fix: pass times or rates")
-        a = sorted(float(x) for x in control)
-        aa_noise = max(b[-1] - b[0], a[-1] - a[0], rel_floor * abs(bm))
-        if abs(statistics.median(a) - bm) > aa_noise:      # the A/A pair differs: no verdict this run
-            print(f"too noisy to decide {cand_name} against {base_name}: the A/A copy of {base_name} measured "
-                  f"median {f(statistics.median(a))} {unit} against {f(bm)} {unit}  [not a claim]")
-            return "undecided (too noisy)"
         sign = 1 if lower_is_better else -1            # d > 0: the candidate is better
         d = [sign * math.log(float(x) / float(y)) for x, y in zip(base, cand)]
-        band = max([abs(math.log(float(x) / float(y))) for x, y in zip(control, base)] + [math.log(1 + rel_floor)])
-        md = statistics.median(d)
-        verdict = "win" if md > band and min(d) > 0 else "regression" if md < -band and max(d) < 0 else "within noise"
+        a = [math.log(float(z) / float(x)) for x, z in zip(base, control)]
+        delta = statistics.median(d)
+        sigma = 1.4826 * max(statistics.median(abs(x) for x in a), statistics.median(abs(x - delta) for x in d))
+        band_log = max(2 * 1.2533 * sigma / math.sqrt(len(d)), math.log(1 + rel_floor))
+        band, decided = math.exp(band_log) - 1, abs(delta) > band_log
         r = sorted(float(y) / float(x) for x, y in zip(base, cand))
         paired = (f"; per round {statistics.median(r):.3g} ({r[0]:.3g}–{r[-1]:.3g}) against an A/A band of "
-                  f"±{100 * (math.exp(band) - 1):.1f} %")
-    text = (TIMING_SENTENCES[verdict].format(cand=cand_name, base=base_name) +
-            f": median {f(cm)} {unit} ({f(c[0])}–{f(c[-1])}) against {f(bm)} {unit} ({f(b[0])}–{f(b[-1])}), "
-            f"ratio {cm / bm:.3g}" + paired if bm else TIMING_SENTENCES[verdict].format(cand=cand_name, base=base_name))
+                  f"±{100 * band:.1f} %")
+    verdict = ("win" if delta > 0 else "regression") if decided else \
+        "within noise" if band < TIGHT_BAND else "too noisy"
+    _record_timing({"base": base_name, "cand": cand_name, "verdict": verdict, "expected": expect,
+                    "band": round(band, 4), "rounds": len(base), "why_wide": why_wide, "load": _load_average()})
+    sentence = TIMING_SENTENCES.get(verdict, "{cand} against {base}").format(cand=cand_name, base=base_name)
+    text = (sentence + f": median {f(cm)} {unit} ({f(c[0])}–{f(c[-1])}) against {f(bm)} {unit} "
+            f"({f(b[0])}–{f(b[-1])}), ratio {cm / bm:.3g}" + paired if bm else sentence)
+    if verdict == "too noisy":
+        print(f"TOO NOISY to decide {cand_name} against {base_name}: {text.split(': ', 1)[-1]}; a band of "
+              f"±{100 * band:.1f} % (a verdict needs the effect to clear it, 'within noise' a band under "
+              f"±{100 * TIGHT_BAND:.0f} %), load average {_load_average()}  [expected={expect}; no claim, no failure: "
+              "re-run on an idle machine to decide]")
+        return verdict
     if expect == "undecided":
         print(f"undecided beforehand, measured: {text}  [verdict={verdict}; not a claim]")
         return verdict

@@ -146,19 +146,31 @@ def run_isolated(fn: Callable, *args: Any, timeout: float = 900, env: dict | Non
     return IsolatedResult(value=msg[1], wall_s=msg[2], peak_rss_mb=msg[3])
 
 
-# ------------------------------------------------------------------ interleaved comparisons
+# ------------------------------------------------------------------ verdicts: win, regression, within noise, too noisy
+TIGHT_BAND = 0.15   # "within noise" says something only when the noise is narrower than this; wider is "too noisy"
+VERDICTS = ("win", "regression", "within noise", "too noisy")
+
+
 def _median_spread(vals: list[float]) -> tuple[float, float, float]:
     import statistics
     return statistics.median(vals), min(vals), max(vals)
 
 
 def verdict(base: list[float], cand: list[float], higher_is_better: bool = True, rel_floor: float = 0.02) -> str:
-    """'win', 'within noise' or 'regression' for one change against its baseline.
+    """'win', 'regression', 'within noise' or 'too noisy' for one change against its baseline, with no A/A control.
 
-    A change counts only when it clears the noise: the difference of the medians must exceed
-    the larger of the two round-to-round ranges (max - min), in the good or the bad direction,
-    and `rel_floor` (2 %) of the baseline's median, so that a metric that repeats exactly (peak
-    memory of identical runs) does not call a 0.1 % difference a regression.
+    A change counts only when it clears the noise: the difference of the medians must exceed the larger of the
+    two round-to-round ranges (max - min) and `rel_floor` (2 %) of the baseline's median, so that a metric that
+    repeats exactly (peak memory of identical runs) does not call a 0.1 % difference a regression. A change that
+    does not clear it is 'within noise' only when that noise is under TIGHT_BAND (15 %) of the baseline; a wider
+    noise could hide a real change of that size, so the machine could not tell: 'too noisy'.
+
+        >>> verdict([100, 101, 102], [80, 81, 82], higher_is_better=False)
+        'win'
+        >>> verdict([100, 101, 102], [100, 102, 103], higher_is_better=False)
+        'within noise'
+        >>> verdict([100, 130, 160], [90, 120, 150], higher_is_better=False)
+        'too noisy'
     """
     if not base or not cand:
         raise ValueError("verdict: base and cand need at least one value each; fix: run more rounds")
@@ -166,51 +178,97 @@ def verdict(base: list[float], cand: list[float], higher_is_better: bool = True,
     cm, clo, chi = _median_spread(cand)
     noise = max(bhi - blo, chi - clo, rel_floor * abs(bm))
     delta = (cm - bm) if higher_is_better else (bm - cm)
-    return "win" if delta > noise else "regression" if -delta > noise else "within noise"
+    if abs(delta) > noise:
+        return "win" if delta > 0 else "regression"
+    return "within noise" if noise < TIGHT_BAND * abs(bm) else "too noisy"
 
 
-def _aa_log_band(base: list[float], aa: list[float], rel_floor: float = 0.02) -> float:
-    """The A/A noise band as a log-ratio: the largest |log(aa_r / base_r)| over the rounds, at least log(1 + rel_floor)."""
+def _log_ratios(base: list[float], cand: list[float], aa: list[float], where: str) -> tuple[list, list]:
     import math
-    return max([abs(math.log(a / b)) for b, a in zip(base, aa)] + [math.log(1 + rel_floor)])
+    if not (len(base) == len(cand) == len(aa)) or len(base) < 2:
+        raise ValueError(f"{where}: base, cand and aa have {len(base)}, {len(cand)} and {len(aa)} values; "
+                         "fix: pass one value per round, at least 2 rounds, in the same order")
+    if min(map(float, (*base, *cand, *aa))) <= 0:
+        raise ValueError(f"{where}: every value must be > 0 (times, rates, bytes); fix: pass positive metrics")
+    return ([math.log(float(c) / float(b)) for b, c in zip(base, cand)],
+            [math.log(float(a) / float(b)) for b, a in zip(base, aa)])
+
+
+def aa_band(base: list[float], aa: list[float], rel_floor: float = 0.02) -> float:
+    """The A/A noise band of a paired comparison, as a relative change (0.1 = ±10 %).
+
+    Per round r the A/A log-ratio a_r = log(aa_r / base_r) is pure noise: the same thing run twice. One round's
+    noise sigma is estimated robustly, 1.4826 x median |a_r| (one outlier round does not move it, where the
+    largest |a_r| would be that outlier). The verdict compares a median of R per-round ratios, whose standard
+    error is about 1.2533 sigma / sqrt(R); the band is two of those (about 95 %), and at least `rel_floor`. So
+    the band narrows as rounds are added, as the uncertainty of a median does.
+
+        >>> round(aa_band([100, 100, 100], [102, 99, 101]), 4)      # median |a_r| = 1 %: 2.2 %
+        0.0218
+        >>> round(aa_band([100, 100, 100, 100, 100], [102, 99, 101, 140, 101]), 4)   # an outlier round: 1.7 %, floor 2 %
+        0.02
+    """
+    import math
+    _, a = _log_ratios(base, aa, aa, "aa_band")
+    return math.exp(_band_log(a, [], rel_floor)) - 1
+
+
+def _band_log(a: list[float], resid: list[float], rel_floor: float) -> float:
+    import math
+    import statistics
+    sigma = 1.4826 * max(statistics.median(abs(x) for x in a), statistics.median(abs(x) for x in resid) if resid else 0)
+    return max(2 * 1.2533 * sigma / math.sqrt(len(a)), math.log(1 + rel_floor))
+
+
+def decide(base: list[float], cand: list[float], aa: list[float], higher_is_better: bool = True,
+           rel_floor: float = 0.02) -> tuple[str, float]:
+    """A change's verdict against an A/A control run in the same rounds (lists aligned by round), and its band.
+
+    Per round r: d_r = log(cand_r / base_r) and a_r = log(aa_r / base_r). The band is `aa_band`'s, from the A/A
+    ratios, or from the candidate's own spread around its median (1.4826 x median |d_r - median d|) where that is
+    wider: a candidate that scatters more than its A/A copy is not decided on the copy's calm. Then:
+    'win' ('regression') when the median d_r clears the band in the good (bad) direction, whatever the A/A pair
+    did; otherwise 'within noise' when the band is under TIGHT_BAND (15 %), else 'too noisy' (this machine could
+    not tell: that is not a contradiction of anything, and callers must not fail on it).
+    Returns (verdict, band as a relative change).
+
+        >>> decide([10, 11, 12], [8, 8.9, 9.5], [10.2, 10.9, 12.1], higher_is_better=False)[0]
+        'win'
+        >>> decide([10, 11, 12], [9.9, 11.1, 12.0], [10.2, 10.9, 12.1], higher_is_better=False)[0]
+        'within noise'
+        >>> decide([10, 11, 12], [5, 5.5, 6], [13, 14, 16], higher_is_better=False)[0]   # A/A differs, effect 2x
+        'win'
+        >>> decide([10, 10, 10], [11, 9, 10.5], [13, 8, 11], higher_is_better=False)[0]
+        'too noisy'
+    """
+    import math
+    import statistics
+    d, a = _log_ratios(base, cand, aa, "decide")
+    d = [x if higher_is_better else -x for x in d]
+    md = statistics.median(d)
+    band = _band_log(a, [x - md for x in d], rel_floor)
+    rel = math.exp(band) - 1
+    if abs(md) > band:
+        return ("win" if md > 0 else "regression"), rel
+    return ("within noise" if rel < TIGHT_BAND else "too noisy"), rel
 
 
 def paired_verdict(base: list[float], cand: list[float], aa: list[float], higher_is_better: bool = True,
                    rel_floor: float = 0.02) -> str:
-    """A change's verdict against an A/A control run in the same rounds (lists aligned by round).
-
-    Per round r the paired log-ratios are log(cand_r / base_r) and log(aa_r / base_r). The A/A pair sets the
-    noise band: its largest |log-ratio| over the rounds (at least log(1 + rel_floor)). A change is a 'win'
-    ('regression') only when its median log-ratio clears the band in the good (bad) direction and every round
-    agrees on the direction; otherwise 'within noise'.
+    """`decide`'s verdict alone: 'win', 'regression', 'within noise' or 'too noisy'.
 
         >>> paired_verdict([10, 11, 12], [8, 8.9, 9.5], [10.2, 10.9, 12.1], higher_is_better=False)
         'win'
-        >>> paired_verdict([10, 11, 12], [9.9, 11.1, 12.0], [10.2, 10.9, 12.1], higher_is_better=False)
-        'within noise'
     """
-    import math
-    import statistics
-    if not (len(base) == len(cand) == len(aa)) or len(base) < 2:
-        raise ValueError(f"paired_verdict: base, cand and aa have {len(base)}, {len(cand)} and {len(aa)} values; "
-                         "fix: pass one value per round, at least 2 rounds, in the same order")
-    if min(map(float, (*base, *cand, *aa))) <= 0:
-        raise ValueError("paired_verdict: every value must be > 0 (times, rates, bytes); fix: pass positive metrics")
-    sign = 1 if higher_is_better else -1
-    d = [sign * math.log(c / b) for b, c in zip(base, cand)]
-    band = _aa_log_band(base, aa, rel_floor)
-    med = statistics.median(d)
-    if med > band and min(d) > 0:
-        return "win"
-    if med < -band and max(d) < 0:
-        return "regression"
-    return "within noise"
+    return decide(base, cand, aa, higher_is_better, rel_floor)[0]
 
 
+# ------------------------------------------------------------------ interleaved comparisons
 def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline: str | None = None,
                         seeds: Any = None, isolate: bool = True, metrics: dict[str, bool] | None = None,
                         timeout: float = 900, progress: bool = True, forkserver_preload: Any = None,
-                        aa_control: bool | dict = False, warmup: bool | dict = False) -> dict[str, Any]:
+                        aa_control: bool | dict = False, warmup: bool | dict = False,
+                        budget_s: float = 0.0, max_rounds: int = 12) -> dict[str, Any]:
     """Run N candidates alternately over R rounds, rotating their order; medians, spreads and verdicts.
 
     candidates: {name: fn | (fn, args) | (fn, args, kwargs) | (fn, args, kwargs, env)}. Each call returns a
@@ -229,12 +287,12 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         median, min, max of each metric, ratio to the baseline and a verdict per metric]}.
     Verdicts (`verdict()`): 'win', 'within noise' or 'regression' against `baseline` (default: the first).
     aa_control: also run the baseline a second time, as the candidate "<baseline> (A/A)", in the same rotation.
-        Verdicts are then `paired_verdict`s: per-round ratios to the baseline against the band the A/A pair
-        shows in the same run. If the A/A pair itself is not 'within noise' by `verdict()`, the machine was
-        too noisy to decide: `too_noisy[metric]` is True and every verdict of that metric reads
-        'undecided (too noisy)', which no caller may claim as a result. `band[metric]` is the noise band the
-        verdicts used, as a relative change (0.1 = the A/A pair differed by up to 10 % in some round; at
-        least 2 %). A dict instead of True turns the
+        Verdicts are then `decide`'s: per-round ratios to the baseline against the band the A/A pair shows in
+        the same run ('win', 'regression', 'within noise' under a ±15 % band, else 'too noisy'). An effect that
+        clears the band is decided even when the A/A copies differ a little. `band[metric]` is the A/A band
+        (`aa_band`, a relative change, at least 2 %); `too_noisy[metric]` is True when some candidate's verdict on
+        it is 'too noisy': this machine could not tell, which is no result and no failure. A dict instead of True
+        turns the
         control on and overrides those keyword arguments in the copy only (e.g. {"resume_seed": None}: the copy
         times the baseline and skips the baseline's extra check).
     warmup: before round 1, call every candidate once, untimed (the A/A copy shares its baseline's call), the same
@@ -242,6 +300,10 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         graph and every timed call then starts alike, from the cache: no round carries the compiles. A dict
         instead of True overrides those keyword arguments in the untimed calls only (e.g. {"steps": 2}, when the
         graph does not depend on them). Their results are returned as `warmup` {name: value}.
+    budget_s: with aa_control, after `rounds` keep adding whole rounds while some candidate's verdict on the first
+        metric is 'too noisy', the next round fits in `budget_s` seconds counted from the first timed round, and
+        fewer than `max_rounds` ran: the band narrows as rounds are added (a busy neighbour costs time, not a
+        verdict). 0 (the default) runs exactly `rounds`. Not with `seeds` (one seed per round is fixed).
     """
     if not candidates:
         raise ValueError("compare_interleaved: candidates is empty; fix: pass {name: fn or (fn, args, kwargs)}")
@@ -299,29 +361,53 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         extra_kw = dict(warmup) if isinstance(warmup, dict) else {}
         for name in bar([n for n in names if n != aa_name], "untimed first call of each"):
             warm[name] = call(name, {**specs[name][2], **extra_kw})[0]
-    runs = []
-    for r, name in bar([(r, names[(i + r) % len(names)]) for r in range(rounds) for i in range(len(names))],
-                       "interleaved runs"):
-        kwargs = specs[name][2]
-        value, extra = call(name, dict(kwargs, seed=seeds[r]) if seeds is not None else kwargs)
-        row = dict(value) if isinstance(value, dict) else {"median_step_s": float(value)}
-        row.update({k: v for k, v in extra.items() if k not in row})
-        row.update(name=name, round=r, seed=None if seeds is None else seeds[r])
-        runs.append(row)
+    if budget_s and seeds is not None:
+        raise ValueError("compare_interleaved: budget_s adds rounds, and seeds fixes one seed per round; fix: drop one")
+    if not isinstance(max_rounds, int) or max_rounds < rounds:
+        raise ValueError(f"compare_interleaved: max_rounds={max_rounds!r} is below rounds={rounds}; fix: max_rounds >= rounds")
+    runs: list[dict] = []
+
+    def run_round(r: int, items: Any) -> None:
+        for name in items:
+            kwargs = specs[name][2]
+            value, extra = call(name, dict(kwargs, seed=seeds[r]) if seeds is not None else kwargs)
+            row = dict(value) if isinstance(value, dict) else {"median_step_s": float(value)}
+            row.update({k: v for k, v in extra.items() if k not in row})
+            row.update(name=name, round=r, seed=None if seeds is None else seeds[r])
+            runs.append(row)
 
     def by_round(name: str, m: str) -> list[float] | None:
         got = {x["round"]: float(x[m]) for x in runs if x["name"] == name and x.get(m) is not None}
         return [got[r] for r in range(rounds)] if len(got) == rounds else None
 
+    def paired(name: str, m: str) -> tuple[str, float] | None:
+        b, c, a = by_round(baseline, m), by_round(name, m), by_round(aa_name, m) if aa_control else None
+        return decide(b, c, a, metrics[m]) if a and b and c and min(b + c + a) > 0 else None
+
+    t0 = time.perf_counter()
+    order = [(r, names[(i + r) % len(names)]) for r in range(rounds) for i in range(len(names))]
+    for r, name in bar(order, "interleaved runs"):
+        run_round(r, [name])
+    first = next(iter(metrics))
+    while aa_control and budget_s and rounds < max_rounds:
+        undecided = [n for n in names if n not in (baseline, aa_name) and (paired(n, first) or ("",))[0] == "too noisy"]
+        per_round = (time.perf_counter() - t0) / rounds
+        if not undecided or time.perf_counter() - t0 + per_round > budget_s:
+            break
+        if progress:
+            print(f"round {rounds + 1}: {', '.join(undecided)} still too noisy on {first}; one more round "
+                  f"(~{per_round:.0f} s of a {budget_s:.0f} s budget)", flush=True)
+        run_round(rounds, [names[(i + rounds) % len(names)] for i in range(len(names))])
+        rounds += 1
+
     too_noisy, band = {}, {}
     if aa_control:
-        import math
         for m in metrics:
             b, a = by_round(baseline, m), by_round(aa_name, m)
-            if b and a:
-                too_noisy[m] = verdict(b, a, metrics[m]) != "within noise"
-                if min(b + a) > 0:   # paired_verdict's band, as a relative change
-                    band[m] = math.exp(_aa_log_band(b, a)) - 1
+            if b and a and min(b + a) > 0:
+                band[m] = aa_band(b, a)
+                too_noisy[m] = any((paired(n, m) or ("",))[0] == "too noisy" for n in names
+                                   if n not in (baseline, aa_name))
     table = []
     for name in names:
         row: dict[str, Any] = {"name": name, "rounds": rounds}
@@ -335,13 +421,10 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
             if name != baseline and bvals:
                 bmed = _median_spread(bvals)[0]
                 row[f"{m} vs base"] = med / bmed if bmed else float("nan")
-                b, c, a = by_round(baseline, m), by_round(name, m), by_round(aa_name, m) if aa_control else None
-                if too_noisy.get(m):
-                    row[f"{m} verdict"] = "undecided (too noisy)"
-                elif a and b and c and min(b + c + a) > 0:
-                    row[f"{m} verdict"] = paired_verdict(b, c, a, hib)
-                else:
-                    row[f"{m} verdict"] = verdict(bvals, vals, hib)
+                got = paired(name, m)
+                row[f"{m} verdict"] = got[0] if got else verdict(bvals, vals, hib)
+                if got:
+                    row[f"{m} band"] = got[1]
         table.append(row)
     return {"runs": runs, "table": table, "baseline": baseline, "rounds": rounds, "aa": aa_name,
             "too_noisy": too_noisy, "band": band, "warmup": warm}

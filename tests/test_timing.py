@@ -157,18 +157,86 @@ def test_a_no_op_is_within_noise_and_a_real_change_wins_against_the_a_a_band():
     v = {r["name"]: r.get("median_step_s verdict") for r in out["table"]}
     assert out["too_noisy"] == {"median_step_s": False}
     assert v["noop"] == "within noise" and v["faster"] == "win", v
-    assert out["band"]["median_step_s"] == pytest.approx(0.02)   # the A/A pair's largest round ratio, 1.02
+    # A/A log-ratios log 1.02, log 0.99, log 1.01: median |.| = 0.01005; sigma = 1.4826 x 0.01005 = 0.0149;
+    # band = 2 x 1.2533 x 0.0149 / sqrt(3) = 0.02157 as a log-ratio, exp(.) - 1 = 0.0218
+    assert out["band"]["median_step_s"] == pytest.approx(0.0218, abs=2e-4)
     # the rule without the control, differences of medians against the widest range, calls the 20 % change noise
-    assert verdict(drift, [d * 0.8 for d in drift], higher_is_better=False) == "within noise"
+    # the rule without the control, differences of medians against the widest range (26 % of the baseline here),
+    # cannot tell a 20 % change: too noisy, not "within noise"
+    assert verdict(drift, [d * 0.8 for d in drift], higher_is_better=False) == "too noisy"
 
 
-def test_an_a_a_pair_that_differs_makes_the_run_too_noisy_to_decide():
+def test_an_a_a_pair_that_differs_leaves_a_small_effect_too_noisy_and_a_large_one_decided():
     from mshelpers.timing import compare_interleaved
     out = compare_interleaved({"base": _baseline_callable([0.10] * 3, [0.20] * 3), "change": lambda: 0.05},
                               rounds=3, isolate=False, progress=False, aa_control=True)
     assert out["too_noisy"] == {"median_step_s": True}
-    assert out["band"]["median_step_s"] == pytest.approx(1.0)     # the copy ran at twice the baseline's time
-    assert {r["name"]: r.get("median_step_s verdict") for r in out["table"]}["change"] == "undecided (too noisy)"
+    # the copy ran at twice the baseline: |a_r| = log 2 each round; band = 2 x 1.2533 x 1.4826 x 0.693 / sqrt(3) = 1.487
+    # as a log-ratio, exp(1.487) - 1 = 3.42; the change's log 2 = 0.693 does not clear it
+    assert out["band"]["median_step_s"] == pytest.approx(3.42, abs=0.01)
+    assert {r["name"]: r.get("median_step_s verdict") for r in out["table"]}["change"] == "too noisy"
+    # 02 c12's case: the A/A copies differ by 1.19x, the effect is 3.5x: decided, not vetoed by the copy
+    out = compare_interleaved({"base": _baseline_callable([1.57, 1.50, 1.60], [1.32, 1.55, 1.60]),
+                               "cold": iter([5.48, 5.30, 5.60]).__next__}, rounds=3, isolate=False, progress=False,
+                              aa_control=True)
+    assert {r["name"]: r.get("median_step_s verdict") for r in out["table"]}["cold"] == "regression"
+    assert out["too_noisy"] == {"median_step_s": False}
+
+
+def test_four_verdicts_and_the_band_narrows_as_rounds_are_added():
+    from mshelpers.timing import TIGHT_BAND, aa_band, decide
+    base = [100.0] * 9
+    aa = [100 * f for f in (1.06, 0.95, 1.04, 0.97, 1.05, 0.96, 1.03, 0.94, 1.06)]
+    # 3 rounds: |a_r| = .0583, .0513, .0392, median .0513, sigma .0761, band 2 x 1.2533 x .0761 / sqrt 3 = .1101,
+    # exp - 1 = 11.6 %; 9 rounds: median |a_r| .0488, sigma .0723, band .0604, 6.2 %
+    assert aa_band(base[:3], aa[:3]) == pytest.approx(0.1163, abs=1e-3)
+    assert aa_band(base, aa) == pytest.approx(0.0623, abs=1e-3)
+    slower = [108.0] * 9
+    assert decide(base[:3], slower[:3], aa[:3], higher_is_better=False)[0] == "within noise"  # 8 % inside 9.5 %
+    assert decide(base, slower, aa, higher_is_better=False)[0] == "regression"                 # 8 % clears 5.1 %
+    wide = [100 * f for f in (1.3, 0.75, 1.25)]
+    v, band = decide(base[:3], slower[:3], wide, higher_is_better=False)
+    assert v == "too noisy" and band > TIGHT_BAND
+    # a candidate scattering far more than its A/A copy is not decided on the copy's calm
+    assert decide(base[:3], [70.0, 104.0, 150.0], aa[:3], higher_is_better=False)[0] == "too noisy"
+
+
+def test_budget_adds_rounds_until_the_verdict_decides():
+    from mshelpers.timing import compare_interleaved
+    names = ["base", "base (A/A)", "slower"]          # compare_interleaved's order; round r starts at names[r % 3]
+    aa_ratio = [1.12, 0.89] * 6
+    k = {"calls": 0}
+
+    def who() -> tuple[str, int]:
+        r, i = divmod(k["calls"], 3)
+        k["calls"] += 1
+        return names[(i + r) % 3], r
+
+    def base():
+        name, r = who()
+        return 0.10 * (aa_ratio[r] if name == "base (A/A)" else 1.0)
+
+    def slower():
+        who()
+        return 0.120                                  # 20 % slower every round: log 1.2 = 0.182
+    # 3 rounds: median |a_r| = 0.115 -> band 3.716 x 0.115 / sqrt 3 = 0.247, 28 %: the 20 % is too noisy to call
+    fixed = compare_interleaved({"base": base, "slower": slower}, rounds=3, isolate=False, progress=False,
+                                aa_control=True)
+    assert {r["name"]: r.get("median_step_s verdict") for r in fixed["table"]}["slower"] == "too noisy"
+    k["calls"] = 0
+    grown = compare_interleaved({"base": base, "slower": slower}, rounds=3, isolate=False, progress=False,
+                                aa_control=True, budget_s=600, max_rounds=12)
+    # each added round narrows the band (1/sqrt(R)); at 6 rounds it is 0.174 and the 0.182 clears it
+    assert {r["name"]: r.get("median_step_s verdict") for r in grown["table"]}["slower"] == "regression"
+    assert grown["rounds"] == 6 and len(grown["runs"]) == 3 * 6
+    k["calls"] = 0
+    capped = compare_interleaved({"base": base, "slower": slower}, rounds=3, isolate=False, progress=False,
+                                 aa_control=True, budget_s=600, max_rounds=4)
+    assert capped["rounds"] == 4                      # max_rounds caps it, and the verdict stays open
+    with pytest.raises(ValueError, match="seeds"):
+        compare_interleaved({"base": base}, seeds=[1, 2], isolate=False, progress=False, aa_control=True, budget_s=5)
+    with pytest.raises(ValueError, match="max_rounds"):
+        compare_interleaved({"base": base}, rounds=3, isolate=False, progress=False, aa_control=True, max_rounds=2)
 
 
 def test_paired_verdict_refuses_misaligned_or_non_positive_rounds():
@@ -177,7 +245,7 @@ def test_paired_verdict_refuses_misaligned_or_non_positive_rounds():
         paired_verdict([1, 2], [1], [1, 2])
     with pytest.raises(ValueError, match="> 0"):
         paired_verdict([1, 0], [1, 1], [1, 1])
-    assert paired_verdict([10, 10], [12, 8], [10, 10], higher_is_better=False) == "within noise"   # rounds disagree
+    assert paired_verdict([10, 10], [12, 8], [10, 10], higher_is_better=False) == "too noisy"   # rounds disagree by 40 %
 
 
 def test_warmup_calls_each_candidate_once_untimed_before_the_rounds_with_its_overrides():
