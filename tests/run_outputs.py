@@ -5,7 +5,9 @@
 Every committed notebook then says which run its outputs come from, in its metadata under "cookbook_run":
 the run id (shared by every notebook of the run), the commit, the CPU model, the date, the peak-cache entry the
 notebooks read (build/peak_flops.json after the run), the 1-minute load average at the run's start and end, and
-this notebook's own start and end load and seconds. tests/test_notebook_outputs.py fails when the committed
+this notebook's own start and end load and seconds, and every timing verdict its claims printed (claim_timing
+appends each, with its band, to $MSHELPERS_VERDICT_LOG, which this script points at a file per notebook).
+tests/test_notebook_outputs.py fails when the committed
 notebooks come from different runs, or from a run that left some out: `make outputs NB=...` for one notebook is
 for iterating, and the run to commit is `make outputs` of all of them, on an otherwise idle machine.
 """
@@ -59,6 +61,21 @@ def _peak_cache() -> dict | None:
         return None
 
 
+def _verdicts(log: Path) -> list[dict]:
+    """The timing verdicts one notebook recorded (JSON lines); a line that does not parse is kept as its text."""
+    out = []
+    try:
+        lines = log.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            out.append({"unparsed": line})
+    return out
+
+
 def main(argv: list[str]) -> int:
     notebooks = [Path(a) for a in argv]
     if not notebooks:
@@ -74,15 +91,22 @@ def main(argv: list[str]) -> int:
            "notebooks_in_run": [p.name for p in notebooks]}
     per = {}
     jupyter = Path(sys.executable).with_name("jupyter")
+    logs = Path(os.environ.get("MSHELPERS_BUILD", ROOT / "build")) / "verdicts" / run["run_id"]
+    logs.mkdir(parents=True, exist_ok=True)
     for nb in notebooks:
         l0, t0 = _load(), time.time()
         cmd = [str(jupyter), "nbconvert", "--to", "notebook", "--execute", "--inplace",
                "--ExecutePreprocessor.timeout=900", str(nb)]
-        if subprocess.run(cmd).returncode != 0:
+        log = logs / f"{nb.stem}.jsonl"
+        log.unlink(missing_ok=True)
+        if subprocess.run(cmd, env={**os.environ, "MSHELPERS_VERDICT_LOG": str(log)}).returncode != 0:
             print(f"run_outputs: {nb} failed; the run stops here (its stamp is not written)", file=sys.stderr)
             return 1
-        per[nb] = {"load_start": l0, "load_end": _load(), "seconds": round(time.time() - t0, 1)}
-        print(f"{nb}: {per[nb]['seconds']:.0f} s (load {l0} -> {per[nb]['load_end']})", flush=True)
+        per[nb] = {"load_start": l0, "load_end": _load(), "seconds": round(time.time() - t0, 1),
+                   "timing_verdicts": _verdicts(log)}
+        noisy = [v for v in per[nb]["timing_verdicts"] if v.get("verdict") == "too noisy"]
+        print(f"{nb}: {per[nb]['seconds']:.0f} s (load {l0} -> {per[nb]['load_end']}), "
+              f"{len(per[nb]['timing_verdicts'])} timing verdicts, {len(noisy)} too noisy", flush=True)
     run["load_end"] = _load()
     run["peak_cache"] = _peak_cache()
     for nb, own in per.items():

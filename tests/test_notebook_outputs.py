@@ -205,3 +205,52 @@ def test_the_hygiene_checks_can_fail():
         "application/vnd.jupyter.widget-view+json": {"model_id": "m"}, "text/plain": "  0%|          | 0/8"}}]}
     assert frozen_bars(widget)
     assert PEAK.findall("MFU denominator (hardware peak): 2 cores x 2.30 GHz (x) x 64 FLOP/cycle (y) = 294 GFLOP/s") == ["294"]
+
+
+# ---------------------------------------------------------------- the committed run decides what it measures
+# a line claim_timing prints: a claim with its verdict, a measured open question, or a run that could not tell
+TIMING_LINE = re.compile(r"\[verdict=(win|regression|within noise)[,;]|^TOO NOISY to decide", re.M)
+
+
+def timing_verdicts(stamps: dict) -> dict[str, list[dict]]:
+    return {n: (s or {}).get("notebook", {}).get("timing_verdicts") for n, s in stamps.items()}
+
+
+def check_timing_manifest(stamps: dict, printed: dict[str, int]) -> None:
+    per = timing_verdicts(stamps)
+    missing = [n for n, v in per.items() if v is None]
+    assert not missing, f"the manifest lists no timing verdicts for {missing}: re-run `make outputs`"
+    for n, vs in per.items():
+        assert len(vs) == printed.get(n, 0), (f"{n}: {printed.get(n, 0)} timing verdicts printed, {len(vs)} in the "
+                                              "manifest: every timing claim is listed with its band")
+    allv = [v for vs in per.values() for v in vs]
+    noisy = [(n, v["cand"], v["base"]) for n, vs in per.items() for v in vs if v.get("verdict") == "too noisy"]
+    assert not noisy, f"the committed run holds 'too noisy' verdicts (re-run on an idle machine): {noisy}"
+    wide = [(n, v) for n, vs in per.items() for v in vs if not v.get("band", 1) < 0.15]
+    unexplained = [(n, v["cand"], v["base"], v.get("band")) for n, v in wide if not v.get("why_wide")]
+    assert not unexplained, f"bands of ±15 % or wider whose cell does not say why: {unexplained}"
+    assert len(wide) <= 0.2 * len(allv), (f"{len(wide)} of {len(allv)} timing bands are ±15 % or wider; at least "
+                                          "80 % must be narrower")
+
+
+def test_the_committed_run_decides_every_timing_claim_and_lists_its_band():
+    printed = {nb.name: sum(len(TIMING_LINE.findall(t)) for c in cells(nb) for t in texts(c)) for nb in NOTEBOOKS}
+    check_timing_manifest(run_stamps(), printed)
+
+
+def test_the_timing_manifest_check_can_fail():
+    ok = {"cand": "b", "base": "a", "verdict": "win", "band": 0.05}
+    stamp = lambda vs: {"notebook": {"timing_verdicts": vs}}
+    check_timing_manifest({"x": stamp([ok] * 4 + [dict(ok, band=0.3, why_wide="a compile")])}, {"x": 5})
+    with pytest.raises(AssertionError, match="too noisy"):
+        check_timing_manifest({"x": stamp([ok, dict(ok, verdict="too noisy")])}, {"x": 2})
+    with pytest.raises(AssertionError, match="printed"):
+        check_timing_manifest({"x": stamp([ok])}, {"x": 2})
+    with pytest.raises(AssertionError, match="does not say why"):
+        check_timing_manifest({"x": stamp([ok, dict(ok, band=0.2)])}, {"x": 2})
+    with pytest.raises(AssertionError, match="80 %"):
+        check_timing_manifest({"x": stamp([ok, dict(ok, band=0.2, why_wide="w")])}, {"x": 2})
+    with pytest.raises(AssertionError, match="no timing verdicts"):
+        check_timing_manifest({"x": {"notebook": {}}}, {})
+    assert len(TIMING_LINE.findall("✓ a: x  [verdict=win, expected=win]\nTOO NOISY to decide b against a: ...\n"
+                                   "undecided beforehand, measured: c  [verdict=within noise; not a claim]")) == 3
