@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config, items):
 # share both cores and trade them back and forth; pinned, a mini graph step ran 0.375 s on each of two cores at
 # once against 0.40-0.54 s unpinned (AMD EPYC Zen 4, 2 cores, 2026-12-04), and a notebook's rounds no longer
 # see its neighbour's phases. A pinned process sees one thread, so the peak cache needs its one-thread entry:
-# the controller measures it first, pinned, on the idle machine (metrics.peak_flops keys entries by threads).
+# the controller measures it first, pinned, on the idle machine (peak.peak_flops keys entries by threads).
 def _pin_cores() -> bool:
     import os
     return os.environ.get("NBVAL_PIN_CORES") == "1" and hasattr(os, "sched_setaffinity")
@@ -53,7 +53,7 @@ def pytest_configure(config):
     elif len(cores) > 1:
         os.sched_setaffinity(0, {cores[0]})
         try:
-            from mshelpers.metrics import peak_flops
+            from mshelpers.peak import peak_flops
             peak_flops()
         finally:
             os.sched_setaffinity(0, set(cores))

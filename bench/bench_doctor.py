@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mshelpers import doctor as D  # noqa: E402
-from mshelpers.metrics import cpu_info  # noqa: E402
+from mshelpers.peak import cpu_info  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "mindformers"
 MODEL_FOR = {"general/llm_pretrain_dense_template.yaml": "Qwen3-32B", "general/llm_finetune_dense_template.yaml": "Qwen3-32B",

@@ -91,7 +91,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--preset", default="mini")
     a = ap.parse_args()
-    from mshelpers.metrics import cpu_info
+    from mshelpers.peak import cpu_info
     from mshelpers.timing import run_isolated
     from bench.bench_grad_map import one_run      # by its module name: run_isolated pickles it for the child
     kinds = ["comprehension", "HyperMap"]

@@ -15,7 +15,7 @@ import argparse
 import time
 
 from mshelpers.config import RunConfig, build_dir
-from mshelpers.metrics import peak_flops as cached_peak_flops
+from mshelpers.peak import peak_flops as cached_peak_flops
 from mshelpers.memory import calibrate, estimate, measure_peak, train_for_peak
 from mshelpers.table import append_csv, markdown_table
 

@@ -7,7 +7,7 @@ Every side trains the 3,688,704-parameter mini LLaMA (hidden 256, 4 layers, 4 he
 vocab 1024) at batch 8 x seq 128 with AdamW at a constant learning rate, each run in a fresh
 process. The sides alternate (their order rotates every repeat), so a load spike hits all of
 them; the figure per side is the median over every steady step of every repeat. MFU uses
-mshelpers.metrics.peak_flops(), the cached per-machine peak. The last line printed is
+mshelpers.peak.peak_flops(), the cached per-machine peak. The last line printed is
 `ratio mindspore/pytorch_eager tokens/s: X.XX`. Rows go to build/bench/compare_pytorch.csv.
 PyTorch is a benchmark-only extra: pip install -r bench/requirements.txt.
 """
@@ -181,7 +181,7 @@ def equivalence(steps: int = 3) -> dict:
 
 
 def ms_peak_flops() -> float:
-    from mshelpers.metrics import peak_flops
+    from mshelpers.peak import peak_flops
     return peak_flops()     # the cookbook's one denominator: measured once per machine, cached
 
 

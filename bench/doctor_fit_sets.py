@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mshelpers.doctor import calibration as C, topology as T  # noqa: E402
 from mshelpers.doctor import hardware, read_config, step_time  # noqa: E402
-from mshelpers.metrics import cpu_info  # noqa: E402
+from mshelpers.peak import cpu_info  # noqa: E402
 
 ANCHOR = "r1.2.0_pretrain_llama2_7b.yaml"
 MESH = T._intra_bw

@@ -1,6 +1,6 @@
 """mshelpers: small, copyable helpers for the MindSpore training-optimization cookbook.
 
-Each module is one concern and imports MindSpore lazily, so `config`, `metrics`,
+Each module is one concern and imports MindSpore lazily, so `config`, `metrics`, `peak`,
 `memory` and friends can be lifted into another project on their own.
 
 Importing the package sets two quiet defaults (override them by setting the variables

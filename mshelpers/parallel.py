@@ -334,7 +334,7 @@ class Hardware:
         `collective_time(op, S, n, hw)` gives back alpha + S/beta. All ranks run on one machine: devices_per_node
         = n, the inter-node figures repeat the intra-node ones (no second node was measured; the sources say so),
         no overlap of the gradient reduction (dp_overlap 0: a CPU reduces after the backward), memory = MemTotal.
-        `peak_flops_per_device` should be a measured matmul rate per rank (e.g. `mshelpers.metrics.peak_flops()`
+        `peak_flops_per_device` should be a measured matmul rate per rank (e.g. `mshelpers.peak.peak_flops()`
         / n when the ranks share the cores), hence compute_efficiency = 1.0 by default.
         """
         fit = rows_or_fit if isinstance(rows_or_fit, AlphaBetaFit) else fit_alpha_beta(rows_or_fit, op)
@@ -344,7 +344,7 @@ class Hardware:
         if not (isinstance(peak_flops_per_device, numbers.Real) and not isinstance(peak_flops_per_device, bool)
                 and peak_flops_per_device > 0):
             raise ValueError(f"Hardware.from_measurement: peak_flops_per_device={peak_flops_per_device!r}; "
-                             "fix: pass a measured FLOP/s, e.g. mshelpers.metrics.peak_flops()")
+                             "fix: pass a measured FLOP/s, e.g. mshelpers.peak.peak_flops()")
         bus = fit.beta_bytes_per_s * _send_factor(fit.op, n)
         lat = fit.alpha_s / _passes(fit.op)
         how = (f"measured: {fit.op} on {n} ranks, alpha-beta fit over {fit.n_points} sizes "

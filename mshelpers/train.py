@@ -592,7 +592,7 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
     callbacks: callables receiving each step's row (dict) after it is logged.
     csv_path: where the per-step CSV goes (default build/runs/<name>-<mode>-s<seed>.csv). Rows are appended
         and flushed one per step; a resume keeps the rows up to the checkpoint untouched.
-    peak_flops: the device's peak FLOP/s for MFU (default: metrics.hardware_peak_flops(), the theoretical
+    peak_flops: the device's peak FLOP/s for MFU (default: peak.hardware_peak_flops(), the theoretical
         peak on a CPU, so every run and notebook shares one denominator, PaLM's).
     net: an already built model (default: build_model(cfg)).
     ckpt_dir, ckpt_every, keep: a checkpoint every `ckpt_every` steps and at the last step; the newest
@@ -612,8 +612,8 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
         is needed) and Preempted is raised naming it.
     """
     build_dir = _sibling("config", "build_dir")
-    COLUMNS, StepLogger, flops_per_token, hardware_peak_flops = _sibling(
-        "metrics", "COLUMNS", "StepLogger", "flops_per_token", "hardware_peak_flops")
+    COLUMNS, StepLogger, flops_per_token = _sibling("metrics", "COLUMNS", "StepLogger", "flops_per_token")
+    hardware_peak_flops = _sibling("peak", "hardware_peak_flops")
     steps = cfg.steps if steps is None else steps
     check_steps(steps, "train: steps")
     if not isinstance(ckpt_every, int) or ckpt_every < 0:

@@ -138,9 +138,9 @@ def test_nvidia_figures_are_per_direction_datasheet_values():
 
 
 def test_one_ascend_table_serves_every_module():
-    """parallel's 910B profile, metrics' datasheet table and the doctor's Atlas 800T A2 profile are one table."""
+    """parallel's 910B profile, peak's datasheet table and the doctor's Atlas 800T A2 profile are one table."""
     from mshelpers import doctor
-    from mshelpers.metrics import DATASHEET_PEAK_FLOPS
+    from mshelpers.peak import DATASHEET_PEAK_FLOPS
     p, d = Hardware.reference("ascend-910b"), doctor.hardware("atlas-800t-a2")
     assert p.peak_flops_per_device == d.peak("float16") == DATASHEET_PEAK_FLOPS["Ascend 910B"]["float16"]
     assert d.peak("bfloat16") == DATASHEET_PEAK_FLOPS["Ascend 910B"]["bfloat16"]
@@ -390,7 +390,7 @@ def test_hardware_from_measurement_sets_every_field_and_source_exactly():
     (dict(group_size=1), "Hardware.from_measurement: group_size=1; fix: pass group_size (the ranks measured)"),
     (dict(fit=_fit(ranks=None)), "Hardware.from_measurement: group_size=None; fix: pass group_size"),
     (dict(peak_flops_per_device=True), "Hardware.from_measurement: peak_flops_per_device=True; fix: pass a "
-                                       "measured FLOP/s, e.g. mshelpers.metrics.peak_flops()"),
+                                       "measured FLOP/s, e.g. mshelpers.peak.peak_flops()"),
     (dict(peak_flops_per_device="2e11"), "peak_flops_per_device='2e11'; fix"),
     (dict(peak_flops_per_device=-1.0), "peak_flops_per_device=-1.0; fix"),
 ])

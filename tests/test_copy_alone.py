@@ -30,7 +30,7 @@ MODULES = sorted([p.stem for p in PKG.glob("*.py") if p.stem != "__init__"] +
                  [p.parent.name for p in PKG.glob("*/__init__.py") if p.parent.name != "workers"])
 
 # Modules that must not import MindSpore until a function needs it.
-NO_MINDSPORE_AT_IMPORT = ("metrics", "memory", "doctor", "timing", "table", "config", "checkpoint", "parallel",
+NO_MINDSPORE_AT_IMPORT = ("metrics", "peak", "memory", "doctor", "timing", "table", "config", "checkpoint", "parallel",
                           "profiling", "report", "plots")
 
 # A user's own config: a frozen dataclass with the fields the planners read, no RunConfig.
@@ -184,15 +184,19 @@ CALLS: dict[str, str] = {
         assert m.flops_per_token(7e9, 32, 4096, 4096) == 6 * 7 * 10**9 + 12 * 32 * 4096 * 4096
         assert m.flops_per_token(np.int64(100), np.int32(2), 8, 8) == 600 + 12 * 2 * 8 * 8
         assert abs(m.mfu(np.float32(10), np.int64(100), np.int64(1), 1e4) - 0.1) < 1e-9
-        assert m.cpu_info()["threads"] >= 1 and m.platform_processor()
-        assert m.theoretical_peak_flops(verbose=False) > 0
-        assert m.peak_flops_record() is None or isinstance(m.peak_flops_record(), dict)
+        assert m.share_of_achievable(np.float32(1000), np.int64(10**5), 1, measured_peak_flops=1e11) == 1e-3
         assert m.peak_memory_mb() > 0
         log = m.StepLogger("run.csv", 1024, 1e6, 1e10)
         log.log_step(1, np.float32(3.5), 0.5, lr=np.float64(1e-3))
         log.log_step(2, np.array(3.0), 0.25)
         assert m.summarize(log.rows)["final_loss"] == 3.0
         assert "mindspore" not in sys.modules
+    """,
+    "peak": """
+        import numpy as np, os
+        assert m.cpu_info()["threads"] >= 1 and m.platform_processor()
+        assert m.theoretical_peak_flops(verbose=False) > 0
+        assert m.peak_flops_record() is None or isinstance(m.peak_flops_record(), dict)
         os.environ["MSHELPERS_PEAK_CACHE"] = "peak.json"
         info = m.cpu_info()
         import json; json.dump({m._peak_key("float32")[2]: {
@@ -206,7 +210,7 @@ CALLS: dict[str, str] = {
         assert m.max_clock_mhz()[0] > 0 and m.fp32_fma_lanes({"flags": {"fma"}})[0] == 8
         assert m.measured_clock_mhz()[0] is None or m.measured_clock_mhz()[0] > 100
         assert m.hardware_peak_flops() >= 1e11                 # never below the measured peak
-        assert abs(m.share_of_achievable(np.float32(1000), np.int64(10**5), 1) - 1e8 / 1e11) < 1e-12
+        assert "mindspore" not in sys.modules
     """,
     "model": """
         from types import SimpleNamespace
@@ -336,7 +340,8 @@ NOT_PLAIN: dict[str, set[str]] = {
                "summary_json", "render_text", "fit_calibration", "guide_13b_steps", "Model", "MoE",
                "figures", "measured_run", "published_scatter"},   # take files, results or mindformers
     "memory": set(),
-    "metrics": {"peak_flops"},      # measuring (refresh) needs MindSpore; the cached read is called above
+    "metrics": set(),
+    "peak": {"peak_flops"},         # measuring (refresh) needs MindSpore; the cached read is called above
     "model": {"llama_config", "build_model", "count_params"},
     "parallel": {"Layout", "plan_parallel_layout", "find_layout", "mindformers_parallel_config",
                  "validate_with_mindformers", "auto_parallel_context",
@@ -355,18 +360,18 @@ NOT_PLAIN: dict[str, set[str]] = {
 
 # Functions that compose the cookbook's pipeline: the siblings they need (the whole chain), and a cheap
 # call to make in the folder holding exactly those files ("" = the imports are checked, no call).
-_TRAIN_CHAIN = ("train", "config", "metrics", "data", "model", "device", "checkpoint", "table", "stability")
+_TRAIN_CHAIN = ("train", "config", "metrics", "peak", "data", "model", "device", "checkpoint", "table", "stability")
 NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("amp", "amp_level_run"): (_TRAIN_CHAIN, ""),
     ("compiling", "first_steps"): (("config", "data", "device", "model"), ""),
     ("compiling", "fusion_steps"): (("config", "data", "device", "model"), ""),
-    ("doctor", "hardware"): (("metrics",), "assert m.hardware('cpu').peak('float32') > 1e9"),
+    ("doctor", "hardware"): (("peak",), "assert m.hardware('cpu').peak('float32') > 1e9"),
     ("doctor", "memory_per_stage"): (("memory",), """
         d = {"model": {"model_config": dict(hidden_size=256, num_layers=4, num_heads=4, vocab_size=1024,
                                             seq_length=128)}, "context": {"max_device_memory": "1GB"}}
         assert m.memory_per_stage(m.read_config(d))["fits"] is True"""),
     ("doctor", "mini_config"): (("config",), "assert m.param_count(m.mini_config()) > 3e6"),
-    ("doctor", "cpu_hardware"): (("metrics",), """
+    ("doctor", "cpu_hardware"): (("peak",), """
         hw = m.cpu_hardware(2, alpha_beta=(1e-3, 1e8), peak=2e11)
         assert hw.peak("float32") == 1e11 and hw.dp_overlap == 0"""),
     ("doctor", "measure_cpu_steps"): (_TRAIN_CHAIN, ""),
@@ -406,6 +411,18 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("tuning", "isolated_step_times"): (_TRAIN_CHAIN, ""),
     ("train", "train"): (_TRAIN_CHAIN, ""),
     ("train", "History"): (("metrics",), ""),
+    # without a measured peak given, the share of achievable reads the cached one from peak.py
+    ("metrics", "share_of_achievable"): (("peak",), """
+        import json, os
+        os.environ["MSHELPERS_PEAK_CACHE"] = "peak.json"
+        P = m._sibling("peak")
+        info = P.cpu_info()
+        json.dump({P._peak_key("float32")[2]: {
+            "flops": 1e11, "cpu_model": info["cpu_model"], "threads": info["threads"], "load_1min_before": 0.1,
+            "load_1min_after": 0.2, "competing_before": [], "competing_after": [], "loaded": False}},
+            open("peak.json", "w"))
+        assert abs(m.share_of_achievable(1000.0, 10**5, 1) - 1e8 / 1e11) < 1e-12
+        assert "mindspore" not in sys.modules"""),
 }
 
 _MF_YAML = """

@@ -1,13 +1,17 @@
+"""mshelpers.metrics: FLOPs per token, MFU, share of achievable, StepLogger and summarize."""
+from __future__ import annotations
+
 import math
-import os
+import subprocess
+import sys
 import warnings
+from types import SimpleNamespace
 
 import pytest
 
 from mshelpers import metrics
-from mshelpers.metrics import (DATASHEET_PEAK_FLOPS, StepLogger, flops_per_token, mfu, peak_flops,
-                               peak_flops_record, summarize, theoretical_peak_flops)
-from mshelpers.table import append_csv, html_table, markdown_table, read_csv
+from mshelpers.metrics import COLUMNS, StepLogger, flops_per_token, mfu, summarize
+from mshelpers.table import read_csv
 
 
 def test_flops_per_token_palm_formula():
@@ -40,46 +44,6 @@ def test_mfu_bad_peak_names_the_fix():
         mfu(1, 1, 0, 1e9)
 
 
-def test_peak_flops_is_cached_per_machine_and_shared_by_fresh_processes(tmp_path, monkeypatch):
-    import json
-    import subprocess
-    import sys
-    cache = tmp_path / "peak.json"
-    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(cache))
-    monkeypatch.setattr(metrics, "_UNCACHED", {})
-    # the load check itself is tested in test_peak_cache.py; here the machine counts as idle so the real
-    # measurement is cached (a shared test machine would otherwise refuse it)
-    monkeypatch.setattr(metrics, "_load_snapshot", lambda: {"load_1min": 0.0, "competing": []})
-    small = ((256, 256, 256), (512, 512, 512))
-    first = peak_flops(refresh=True, repeats=2, shapes=small)
-    rec = peak_flops_record()
-    # provenance: the figure is the best shape's, and the record says where it came from
-    assert first == max(s["gflops"] for s in rec["shapes"]) * 1e9 and first == rec["flops"]
-    assert rec["threads"] >= 1 and rec["cpu_model"] and rec["date"] and "MatMul" in rec["method"]
-    assert len(rec["shapes"]) == 2
-    # two fresh processes read the same value, without measuring again
-    code = "from mshelpers.metrics import peak_flops; print(repr(peak_flops()))"
-    env = {**os.environ, "MSHELPERS_PEAK_CACHE": str(cache)}
-    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                           timeout=120).stdout.strip().splitlines()[-1] for _ in range(2)]
-    assert [float(o) for o in outs] == [first, first]
-    # a corrupt cache is measured again and rewritten, never trusted
-    cache.write_text("{not json")
-    with pytest.warns(UserWarning, match="unreadable .*; ignored, measuring again"):
-        again = peak_flops(repeats=1, shapes=((256, 256, 256),))
-    assert again > 0 and json.loads(cache.read_text())
-
-
-def test_theoretical_peak_and_datasheet_table(capsys):
-    t = theoretical_peak_flops()
-    out = capsys.readouterr().out
-    assert "FLOP/cycle" in out and "assumes" in out and t > 1e9
-    for dev in ("Ascend 910A", "Ascend 910B", "NVIDIA A100 SXM", "NVIDIA H100 SXM"):
-        assert DATASHEET_PEAK_FLOPS[dev]["source"]
-    assert DATASHEET_PEAK_FLOPS["NVIDIA A100 SXM"]["bfloat16"] == 312e12
-    assert DATASHEET_PEAK_FLOPS["NVIDIA H100 SXM"]["bfloat16"] == 989.4e12
-
-
 def test_step_logger_csv_and_summary(tmp_path):
     log = StepLogger(tmp_path / "run.csv", tokens_per_step=1000, flops_per_token=1e6, peak_flops_per_device=1e10)
     for s, (loss, dt) in enumerate([(5.0, 2.0), (4.0, 0.1), (3.0, 0.2), (2.5, 0.1)], start=1):
@@ -97,31 +61,6 @@ def test_step_logger_rejects_bad_sizes():
         StepLogger(None, 0, 1.0, 1.0)
 
 
-def test_markdown_table_and_csv(tmp_path):
-    t = markdown_table([{"run": "a", "ms": 1312.0}, {"run": "b", "ms": 201.5, "x": 1}])
-    lines = t.splitlines()
-    assert lines[0].split("|")[1].strip() == "run" and "x" in lines[0] and "201.5" in lines[3]
-    p = append_csv({"a": 1, "b": 2.5}, tmp_path / "r.csv")
-    append_csv({"a": 3, "b": 4.0}, p)
-    assert read_csv(p) == [{"a": 1, "b": 2.5}, {"a": 3, "b": 4.0}]
-    with pytest.raises(ValueError, match="key 'c' is not a column"):
-        append_csv({"a": 1, "c": 2}, p)
-    with pytest.raises(ValueError, match="rows is empty"):
-        markdown_table([])
-
-
-def test_html_table_has_the_markdown_tables_cells_escaped():
-    rows = [{"run": "a<b", "ms": 1312.0}, {"run": "c&d", "ms": 201.5, "x": True}]
-    t = html_table(rows)
-    assert t.startswith("<table><thead><tr><th>run</th><th>ms</th><th>x</th></tr></thead><tbody>")
-    assert "<tr><td>a&lt;b</td><td>1,312</td><td></td></tr>" in t            # same formatting as markdown_table
-    assert "<tr><td>c&amp;d</td><td>201.5</td><td>True</td></tr></tbody></table>" in t
-    assert html_table(rows, columns=["ms"]).count("<td>") == 2
-    assert html_table([{"v": 0.123456}], digits=2).endswith("<td>0.12</td></tr></tbody></table>")
-    with pytest.raises(ValueError, match="html_table: rows is empty"):
-        html_table([])
-
-
 def test_counts_and_rates_accept_any_integral_number():
     import numpy as np
     assert flops_per_token(7e9, 32, 4096, 4096) == 6 * 7_000_000_000 + 12 * 32 * 4096 * 4096
@@ -133,57 +72,6 @@ def test_counts_and_rates_accept_any_integral_number():
         flops_per_token("7e9", 1, 1, 1)
     with pytest.raises(ValueError, match="n_devices=1.5"):
         mfu(1, 1, 1.5, 1)
-
-
-def test_hardware_peak_is_cores_times_max_clock_times_flop_per_cycle(tmp_path, monkeypatch, capsys):
-    import json
-    from mshelpers.metrics import _peak_key, cpu_info, hardware_peak_flops, max_clock_mhz, share_of_achievable
-    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(tmp_path / "peak.json"))   # no measured peak yet
-    info, (mhz, _) = cpu_info(), max_clock_mhz()
-    zen4 = info["vendor"] == "AuthenticAMD" and info["cpu_family"] == "25"    # AVX-512 on 256-bit units
-    lanes = (8 if zen4 else 16) if "avx512f" in info["flags"] else 8 if "fma" in info["flags"] else 4
-    want = info["threads"] * mhz * 1e6 * lanes * 2 * 2          # cores x clock x lanes x FMA(2) x 2 units
-    assert hardware_peak_flops(verbose=True) == pytest.approx(want)
-    out = capsys.readouterr().out
-    assert "MFU denominator (hardware peak)" in out and "assumes" in out
-    # a measured MatMul peak above the theory (turbo) replaces it, so MFU <= 1 by construction
-    (tmp_path / "peak.json").write_text(json.dumps({_peak_key("float32")[2]: {"flops": want * 1.5}}))
-    assert hardware_peak_flops() == pytest.approx(want * 1.5)
-    idle = {"cpu_model": info["cpu_model"], "threads": info["threads"], "load_1min_before": 0.1,
-            "load_1min_after": 0.2, "competing_before": [], "competing_after": [], "loaded": False}
-    (tmp_path / "peak.json").write_text(json.dumps({_peak_key("float32")[2]: {"flops": want * 0.7, **idle}}))
-    assert hardware_peak_flops() == pytest.approx(want)
-    # share of achievable: the same achieved FLOP/s over the measured peak
-    assert share_of_achievable(1000, want * 0.7 / 2000) == pytest.approx(0.5)
-    # accelerators: the datasheet figure; bad names get one line with the fix
-    assert hardware_peak_flops("bfloat16", device="NVIDIA A100 SXM") == 312e12
-    with pytest.raises(ValueError, match="device='TPU' is unknown"):
-        hardware_peak_flops(device="TPU")
-    with pytest.raises(ValueError, match="has no float32 figure"):
-        hardware_peak_flops("float32", device="Ascend 910B")
-
-
-@pytest.mark.parametrize("flags, lanes, isa", [({"avx512f", "fma", "avx2"}, 16, "AVX-512"), ({"fma", "avx2"}, 8, "AVX2+FMA"),
-                                               ({"sse2"}, 4, "SSE")])
-def test_theoretical_peak_is_cores_x_clock_x_lanes_x_2_x_fma_units(monkeypatch, capsys, flags, lanes, isa):
-    from mshelpers import metrics
-    monkeypatch.setattr(metrics, "cpu_info", lambda: {"threads": 2, "mhz": 2300.0, "flags": flags, "cpu_model": "x"})
-    want = 2 * 2300e6 * lanes * 2 * 2                       # 2 cores x 2.3 GHz x lanes x 2 (FMA) x 2 units
-    assert theoretical_peak_flops() == want
-    assert capsys.readouterr().out == (
-        f"theoretical fp32 peak = 2 cores x 2.30 GHz x {lanes * 4} FLOP/cycle ({isa}: {lanes} lanes x 2 for FMA x 2 "
-        f"FMA units) = {want / 1e9:.0f} GFLOP/s\n  assumes: each logical CPU is a full core (no SMT sharing), the "
-        f"nominal clock holds under {isa}, 2 FMA units per core\n")
-    assert theoretical_peak_flops(verbose=False, fma_units=1) == want / 2 and capsys.readouterr().out == ""
-
-
-def test_theoretical_peak_without_a_clock_is_one_line(monkeypatch):
-    from mshelpers import metrics
-    monkeypatch.setattr(metrics, "cpu_info", lambda: {"threads": 2, "mhz": None, "flags": {"fma"}, "cpu_model": "x"})
-    with pytest.raises(ValueError) as e:
-        theoretical_peak_flops()
-    assert str(e.value) == ("theoretical_peak_flops: no clock in /proc/cpuinfo; fix: use peak_flops() (measured) "
-                            "or a DATASHEET_PEAK_FLOPS entry")
 
 
 def test_flops_per_token_names_itself_in_its_refusal():
@@ -203,247 +91,16 @@ def test_summarize_names_every_figure_and_refuses_no_rows():
     assert str(e.value) == "summarize: rows is empty; fix: log at least one step"
 
 
-class _FakePath:
-    """Stands in for metrics.Path in max_clock_mhz: read_text() gives `text`, or raises it."""
-    def __init__(self, text):
-        self.text = text
-
-    def __call__(self, path):
-        assert path == "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"
-        return self
-
-    def read_text(self):
-        if isinstance(self.text, Exception):
-            raise self.text
-        return self.text
-
-
-def test_max_clock_prefers_cpufreq_then_the_largest_cpu_mhz(monkeypatch):
-    import io
-    from mshelpers import metrics
-    cpuinfo = "processor\t: 0\ncpu MHz\t\t: 2300.000\nprocessor\t: 1\ncpu MHz\t\t: 3100.500\ncpu MHz\t\t: 2900\nflags\t: fma\n"
-    monkeypatch.setattr(metrics, "open", lambda p, *a, **k: io.StringIO(cpuinfo), raising=False)
-    monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (9000.0, "measured"))
-    monkeypatch.setattr(metrics, "_cached_clock_mhz", lambda: None)
-    monkeypatch.setattr(metrics, "Path", _FakePath("3500000\n"))
-    assert metrics.max_clock_mhz() == (3500.0, "cpufreq cpuinfo_max_freq")      # cpufreq wins, even over a probe
-    monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (None, "no C compiler"))
-    for bad in ("0\n", OSError("no cpufreq"), "n/a"):
-        monkeypatch.setattr(metrics, "Path", _FakePath(bad))
-        assert metrics.max_clock_mhz() == (3100.5, "/proc/cpuinfo cpu MHz")
-    # no cpufreq: the measured clock when it is above the listed one (a VM's nominal clock), else the listed one
-    monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (3650.0, "measured: a dependent-add chain, best of 5"))
-    assert metrics.max_clock_mhz() == (3650.0, "measured: a dependent-add chain, best of 5")
-    monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (2000.0, "measured: a dependent-add chain, best of 5"))
-    assert metrics.max_clock_mhz() == (3100.5, "/proc/cpuinfo cpu MHz")
-    monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (None, "no C compiler"))
-    monkeypatch.setattr(metrics, "_cached_clock_mhz", lambda: 3300.0)      # the clock cached with the MatMul peak
-    assert metrics.max_clock_mhz() == (3300.0, "measured: a dependent-add chain, best of 5")
-    monkeypatch.setattr(metrics, "_cached_clock_mhz", lambda: None)
-
-    def no_proc(*a, **k):
-        raise OSError("no /proc")
-    monkeypatch.setattr(metrics, "open", no_proc, raising=False)
-    assert metrics.max_clock_mhz() == (None, "/proc/cpuinfo cpu MHz")
-
-
-@pytest.mark.parametrize("flags, lanes, isa", [({"avx512f", "fma"}, 16, "AVX-512"), ({"fma"}, 8, "AVX2+FMA"), (set(), 4, "SSE")])
-def test_hardware_peak_per_isa_its_printout_and_the_measured_peak_above_it(monkeypatch, capsys, flags, lanes, isa):
-    from mshelpers import metrics
-    monkeypatch.setattr(metrics, "cpu_info", lambda: {"threads": 2, "mhz": 2000.0, "flags": flags, "cpu_model": "x"})
-    monkeypatch.setattr(metrics, "max_clock_mhz", lambda: (2500.0, "cpufreq cpuinfo_max_freq"))
-    monkeypatch.setattr(metrics, "peak_flops_record", lambda dtype="float32": None)
-    theory = 2 * 2500e6 * lanes * 2 * 2                     # the maximum clock, not the nominal 2000 MHz
-    assert metrics.hardware_peak_flops(verbose=True) == theory
-    assert capsys.readouterr().out == (
-        f"MFU denominator (hardware peak): 2 cores x 2.50 GHz (cpufreq cpuinfo_max_freq) x {lanes * 4} FLOP/cycle "
-        f"({isa}: {lanes} fp32 lanes x 2 for FMA x 2 FMA units) = {theory / 1e9:.0f} GFLOP/s\n"
-        f"  assumes: each logical CPU is a full core (no SMT sharing), that clock holds under {isa}, 2 FMA units "
-        "per core\n")
-    monkeypatch.setattr(metrics, "peak_flops_record", lambda dtype="float32": {"flops": theory * 0.75})
-    assert metrics.hardware_peak_flops(verbose=True, fma_units=1) == theory * 0.75      # above theory / 2
-    assert capsys.readouterr().out.endswith(
-        f"  the measured MatMul peak {theory * 0.75 / 1e9:.0f} GFLOP/s is higher (turbo): it is used instead\n")
-    assert metrics.hardware_peak_flops() == theory and capsys.readouterr().out == ""     # below: the theory
-    monkeypatch.setattr(metrics, "peak_flops_record", lambda dtype="float32": {"flops": "fast"})
-    assert metrics.hardware_peak_flops(fma_units=1, device="CPU") == theory / 2
-
-
-def test_hardware_peak_refusals_and_the_datasheet_line(monkeypatch, capsys):
-    from mshelpers import metrics
-    with pytest.raises(ValueError) as e:
-        metrics.hardware_peak_flops(device="TPU")
-    assert str(e.value) == f"hardware_peak_flops: device='TPU' is unknown; fix: use CPU or one of {list(DATASHEET_PEAK_FLOPS)}"
-    with pytest.raises(ValueError) as e:
-        metrics.hardware_peak_flops("float64", device="NVIDIA A100 SXM")
-    figures = [k for k, x in DATASHEET_PEAK_FLOPS["NVIDIA A100 SXM"].items() if isinstance(x, float)]
-    assert str(e.value) == f"hardware_peak_flops: NVIDIA A100 SXM has no float64 figure; fix: use one of {figures}"
-    with pytest.raises(ValueError) as e:
-        metrics.hardware_peak_flops("bfloat16")
-    assert str(e.value) == "hardware_peak_flops: dtype='bfloat16' on CPU is not modelled; fix: use float32"
-    monkeypatch.setattr(metrics, "max_clock_mhz", lambda: (None, "/proc/cpuinfo cpu MHz"))
-    with pytest.raises(ValueError) as e:
-        metrics.hardware_peak_flops()
-    assert str(e.value) == "hardware_peak_flops: the CPU reports no clock; fix: pass device= with a datasheet entry"
-    assert metrics.hardware_peak_flops("bfloat16", device="NVIDIA A100 SXM", verbose=True) == 312e12
-    assert capsys.readouterr().out == (f"MFU denominator: NVIDIA A100 SXM datasheet bfloat16 peak 312.0 TFLOP/s "
-                                       f"({DATASHEET_PEAK_FLOPS['NVIDIA A100 SXM']['source']})\n")
-
-
 def test_share_of_achievable_uses_the_peak_it_is_given_and_names_a_bad_count(tmp_path, monkeypatch):
     import json
-    from mshelpers.metrics import _peak_key, share_of_achievable
+    from mshelpers.metrics import share_of_achievable
+    from mshelpers.peak import _peak_key
     monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(tmp_path / "peak.json"))
     (tmp_path / "peak.json").write_text(json.dumps({_peak_key("float32")[2]: {"flops": 4000.0}}))
     assert share_of_achievable(100, 10, n_devices=2, measured_peak_flops=1000) == 0.5   # 100 x 10 / (2 x 1000)
     with pytest.raises(ValueError) as e:
         share_of_achievable(100, 10, n_devices=0, measured_peak_flops=1000)
     assert str(e.value) == "share_of_achievable: n_devices=0 is invalid; fix: pass a positive integer"
-
-
-def test_peak_flops_record_and_cache_rules_exactly(tmp_path, monkeypatch, capsys):
-    """The measurement is patched (figures per shape fixed), so every field and cache rule is exact."""
-    import json
-    from mshelpers import metrics
-    cache = tmp_path / "sub" / "peak.json"            # a folder that does not exist yet is created
-    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(cache))
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    monkeypatch.setattr(metrics, "cpu_info", lambda: {"cpu_model": "Test CPU", "cpu_family": "6", "threads": 2})
-    monkeypatch.setattr(metrics, "_UNCACHED", {})
-    monkeypatch.setattr(metrics, "_load_snapshot", lambda: {"load_1min": 0.5, "competing": []})
-    calls = []
-
-    def fake(m, k, n, repeats, dtype):
-        calls.append((m, k, n, repeats, dtype))
-        return {(8, 8, 8): 12.344e9, (16, 16, 16): 50.126e9, (4, 4, 4): 7.0e9}[(m, k, n)]
-    monkeypatch.setattr(metrics, "_measure_matmul_chain", fake)
-    monkeypatch.setattr(metrics, "measured_clock_mhz", lambda: (3210.5, "measured: a dependent-add chain, best of 5"))
-    shapes = ((8, 8, 8), (16, 16, 16), (4, 4, 4))
-    got = metrics.peak_flops(repeats=3, shapes=shapes, verbose=True)
-    assert got == 50.13e9                               # the best shape, rounded to 0.01 GFLOP/s
-    assert calls == [(8, 8, 8, 3, "float32"), (16, 16, 16, 3, "float32"), (4, 4, 4, 3, "float32")]
-    assert capsys.readouterr().out == ("  MatMul (8x8)@(8x8) compiled: 12.3 GFLOP/s\n"
-                                       "  MatMul (16x16)@(16x16) compiled: 50.1 GFLOP/s\n"
-                                       "  MatMul (4x4)@(4x4) compiled: 7.0 GFLOP/s\n")
-    key = "Test CPU|family 6|2 threads|CPU|float32"
-    stored = json.loads(cache.read_text())
-    assert list(stored) == [key]
-    rec = stored[key]
-    assert rec.pop("date")[:2] == "20" and 0 <= rec.pop("measure_s") < 5
-    assert rec == {"flops": 50.13e9, "dtype": "float32", "device": "CPU", "cpu_model": "Test CPU", "cpu_family": "6",
-                   "threads": 2, "omp_num_threads": "3", "method": metrics.PEAK_METHOD, "repeats": 3,
-                   "shapes": [{"m": 8, "k": 8, "n": 8, "gflops": 12.34}, {"m": 16, "k": 16, "n": 16, "gflops": 50.13},
-                              {"m": 4, "k": 4, "n": 4, "gflops": 7.0}],
-                   "cores": os.cpu_count(), "load_1min_before": 0.5, "load_1min_after": 0.5, "competing_before": [],
-                   "competing_after": [], "loaded": False, "attempts": 1, "clock_mhz": 3210.5}
-    assert metrics.peak_flops_record()["flops"] == 50.13e9 and metrics.peak_flops_record("float16") is None
-    assert metrics._cached_clock_mhz() == 3210.5           # every later process reads this clock
-    assert [p.name for p in cache.parent.iterdir()] == ["peak.json"]        # no temp file left
-    # cached: no measurement, whatever shapes are asked for; refresh measures again
-    calls.clear()
-    assert metrics.peak_flops(shapes=((4, 4, 4),)) == 50.13e9 and calls == []
-    assert metrics.peak_flops(refresh=True, repeats=1, shapes=((4, 4, 4),)) == 7.0e9
-    assert calls == [(4, 4, 4, 1, "float32")] and capsys.readouterr().out == ""
-    # another dtype is its own record beside the first; a record without a usable figure is measured again
-    assert metrics.peak_flops(dtype="float16", shapes=((8, 8, 8),)) == 12.34e9
-    stored = json.loads(cache.read_text())
-    assert sorted(stored) == [key.replace("float32", "float16"), key] and stored[key]["flops"] == 7.0e9
-    for bad in (0, -1.0, "50e9", None):
-        stored[key]["flops"] = bad
-        cache.write_text(json.dumps(stored))
-        calls.clear()
-        with pytest.warns(UserWarning, match=f"is not used: flops={bad!r} is not a measured figure"):
-            assert metrics.peak_flops(shapes=((16, 16, 16),)) == 50.13e9 and len(calls) == 1, bad
-        stored = json.loads(cache.read_text())
-    # unreadable cache: measured and rewritten; the record reader says None
-    cache.write_text("{torn")
-    assert metrics.peak_flops_record() is None
-    with pytest.warns(UserWarning, match="unreadable"):
-        assert metrics.peak_flops(shapes=((8, 8, 8),)) == 12.34e9 and list(json.loads(cache.read_text())) == [key]
-    with pytest.raises(ValueError) as e:
-        metrics.peak_flops(dtype="int8")
-    assert str(e.value) == "peak_flops: dtype='int8' is invalid; fix: float32, float16 or bfloat16"
-
-
-def test_peak_key_reads_the_device_from_mindspore_only_when_it_is_imported(monkeypatch):
-    import sys
-    import types
-    from mshelpers import metrics
-    monkeypatch.setattr(metrics, "cpu_info", lambda: {"cpu_model": "M", "cpu_family": "25", "threads": 4})
-    fake = types.SimpleNamespace(get_context=lambda k: {"device_target": "Ascend"}[k])
-    monkeypatch.setitem(sys.modules, "mindspore", fake)
-    assert metrics._peak_key("float16") == ({"cpu_model": "M", "cpu_family": "25", "threads": 4}, "Ascend",
-                                            "M|family 25|4 threads|Ascend|float16")
-    fake.get_context = lambda k: None                 # no target set: CPU
-    assert metrics._peak_key("float32")[1:] == ("CPU", "M|family 25|4 threads|CPU|float32")
-
-    def broken(k):
-        raise RuntimeError("no context")
-    fake.get_context = broken                        # a context that cannot answer: the cache still can
-    assert metrics._peak_key("float32")[1] == "CPU"
-    monkeypatch.delitem(sys.modules, "mindspore")
-    assert metrics._peak_key("bfloat16")[1:] == ("CPU", "M|family 25|4 threads|CPU|bfloat16")
-
-
-def test_theoretical_peak_prints_the_clock_in_ghz_to_two_decimals(monkeypatch, capsys):
-    from mshelpers import metrics
-    monkeypatch.setattr(metrics, "cpu_info", lambda: {"threads": 1, "mhz": 2996.0, "flags": {"sse2"}, "cpu_model": "x"})
-    assert theoretical_peak_flops() == 2996e6 * 4 * 2 * 2            # 1 core x 2.996 GHz x 4 lanes x 2 x 2 units
-    assert capsys.readouterr().out.startswith("theoretical fp32 peak = 1 cores x 3.00 GHz x 16 FLOP/cycle "
-                                              "(SSE: 4 lanes x 2 for FMA x 2 FMA units) = 48 GFLOP/s\n")
-
-
-@pytest.mark.parametrize("shape, pairs", [((256, 256, 256), 8),      # 4 * 256^3 = 67.1 MFLOP a pair: capped at 8
-                                          ((1024, 512, 1000), 8),    # 2.097 GFLOP: 2e10 // that = 9, capped at 8
-                                          ((1024, 1024, 1024), 4),   # 4.295 GFLOP: 4 pairs
-                                          ((2048, 2048, 1024), 1),   # 17.2 GFLOP: 1
-                                          ((4096, 4096, 4096), 1)])  # 275 GFLOP: still 1, never 0
-def test_the_matmul_chain_plan_counts_two_matmuls_a_pair_at_about_20_gflop(shape, pairs):
-    from mshelpers.metrics import _matmul_chain_plan
-    m, k, n = shape
-    assert _matmul_chain_plan(m, k, n) == (pairs, 4 * m * k * n)
-
-
-def test_the_matmul_chain_inputs_are_scaled_by_fan_in_in_the_asked_dtype():
-    import mindspore as ms
-    import numpy as np
-    from mshelpers.metrics import _matmul_chain_inputs
-    x, b, c = _matmul_chain_inputs(64, 400, 100, "float16")
-    assert [t.shape for t in (x, b, c)] == [(64, 400), (400, 100), (100, 400)]
-    assert all(t.dtype == ms.float16 for t in (x, b, c))
-    stds = [float(np.std(t.asnumpy().astype(np.float64))) for t in (x, b, c)]
-    assert stds[0] == pytest.approx(1.0, rel=0.05)
-    assert stds[1] == pytest.approx(1 / 20, rel=0.05) and stds[2] == pytest.approx(1 / 10, rel=0.05)   # 1/sqrt(k), 1/sqrt(n)
-
-
-def test_peak_flops_defaults_rounding_date_folders_and_file_layout(tmp_path, monkeypatch, capsys):
-    import json
-    from mshelpers import metrics
-    cache = tmp_path / "a" / "b" / "peak.json"           # two missing folders
-    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(cache))
-    monkeypatch.setattr(metrics, "cpu_info", lambda: {"cpu_model": "C", "cpu_family": "6", "threads": 1})
-    monkeypatch.setattr(metrics, "_load_snapshot", lambda: {"load_1min": 0.0, "competing": []})   # idle
-    monkeypatch.setattr(metrics, "_UNCACHED", {})
-    calls = []
-
-    def fake(m, k, n, repeats, dtype):
-        calls.append((repeats, dtype))
-        # a hair above x.xx5 and x.x5: rounding by 1e9 and by 1e9 + 1 would differ
-        return {(1, 1, 1): 12.345000005e9, (2, 2, 2): 12.350000005e9}[(m, k, n)]
-    monkeypatch.setattr(metrics, "_measure_matmul_chain", fake)
-    got = metrics.peak_flops(shapes=((1, 1, 1), (2, 2, 2)), verbose=True, dtype="bfloat16")
-    assert calls == [(5, "bfloat16"), (5, "bfloat16")]                  # 5 repeats by default; bfloat16 accepted
-    assert got == 12.35e9 and capsys.readouterr().out == ("  MatMul (1x1)@(1x1) compiled: 12.3 GFLOP/s\n"
-                                                           "  MatMul (2x2)@(2x2) compiled: 12.4 GFLOP/s\n")
-    text = cache.read_text()
-    stored = json.loads(text)
-    assert text == json.dumps(stored, indent=1)                         # the layout people read and diff
-    rec = stored["C|family 6|1 threads|CPU|bfloat16"]
-    assert [s["gflops"] for s in rec["shapes"]] == [12.35, 12.35] and rec["date"].endswith("+00:00")   # UTC
-    rec["flops"] = 0.5                                                  # tiny but positive: a figure, kept
-    cache.write_text(json.dumps(stored))
-    calls.clear()
-    assert metrics.peak_flops(dtype="bfloat16") == 0.5 and calls == []
 
 
 @pytest.mark.parametrize("args, line", [
@@ -482,191 +139,315 @@ def test_summarize_counts_no_spike_for_rows_written_before_the_spike_column():
     assert summarize(rows)["spike_steps"] == 1
 
 
-def test_hardware_peak_at_a_measured_peak_equal_to_the_theory_and_an_odd_clock(monkeypatch, capsys):
-    from mshelpers import metrics
-    monkeypatch.setattr(metrics, "cpu_info", lambda: {"threads": 1, "mhz": 2000.0, "flags": set(), "cpu_model": "x"})
-    monkeypatch.setattr(metrics, "max_clock_mhz", lambda: (2996.0, "/proc/cpuinfo cpu MHz"))
-    theory = 2996e6 * 4 * 2 * 2
-    monkeypatch.setattr(metrics, "peak_flops_record", lambda dtype="float32": {"flops": theory})
-    assert metrics.hardware_peak_flops(verbose=True) == theory
-    out = capsys.readouterr().out
-    assert "1 cores x 3.00 GHz (/proc/cpuinfo cpu MHz)" in out and "turbo" not in out   # equal is not higher
+# --- StepLogger and peak_memory_mb against hand-computed values (no training) ---
+def test_mfu_with_two_devices_matches_the_hand_value(tmp_path):
+    # 4096 tokens (global) in 0.5 s = 8192 tokens/s; x 2e6 FLOPs/token = 1.6384e10 FLOP/s
+    # over 2 devices of 1e10 FLOP/s each: MFU = 1.6384e10 / 2e10 = 0.8192
+    log = StepLogger(tmp_path / "s.csv", tokens_per_step=4096, flops_per_token=2e6,
+                     peak_flops_per_device=1e10, n_devices=2)
+    row = log.log_step(1, 3.5, 0.5, lr=1e-3, grad_norm=0.25, peak_mem_mb=100.0)
+    assert row["tokens_per_s"] == 8192.0
+    assert row["mfu"] == pytest.approx(0.8192, rel=1e-12)
+    one = StepLogger(None, 4096, 2e6, 1e10, n_devices=1).log_step(1, 3.5, 0.5, peak_mem_mb=100.0)
+    assert one["mfu"] == pytest.approx(2 * 0.8192)          # half the devices, twice the utilisation
+    (written,) = read_csv(tmp_path / "s.csv")
+    assert list(written) == list(COLUMNS)
+    assert written["mfu"] == pytest.approx(0.8192) and written["tokens_per_s"] == 8192.0
+    assert (written["step"], written["loss"], written["lr"], written["grad_norm"]) == (1, 3.5, 1e-3, 0.25)
 
 
-def test_zen4_runs_avx512_on_256_bit_units_and_others_do_not():
-    from mshelpers.metrics import fp32_fma_lanes
-    zen4 = {"flags": {"avx512f", "fma"}, "vendor": "AuthenticAMD", "cpu_family": "25"}
-    assert fp32_fma_lanes(zen4) == (8, "AVX-512 on 256-bit units (Zen 4)")
-    assert fp32_fma_lanes({**zen4, "cpu_family": "26"}) == (16, "AVX-512")               # Zen 5: full width
-    assert fp32_fma_lanes({**zen4, "vendor": "GenuineIntel", "cpu_family": "6"}) == (16, "AVX-512")
-    assert fp32_fma_lanes({"flags": {"fma"}, "vendor": "AuthenticAMD", "cpu_family": "25"}) == (8, "AVX2+FMA")
-    assert fp32_fma_lanes({}) == (4, "SSE") and fp32_fma_lanes({"flags": None, "cpu_family": 25}) == (4, "SSE")
+def test_row_fields_and_zero_time():
+    log = StepLogger(None, tokens_per_step=100, flops_per_token=10, peak_flops_per_device=1e3, n_devices=4)
+    row = log.log_step(7, 2.0, 0.0, overflow=True, loss_scale=512, peak_mem_mb=5)
+    assert row["tokens_per_s"] != row["tokens_per_s"] and row["mfu"] != row["mfu"]   # NaN, not a division error
+    assert (row["step"], row["overflow"], row["loss_scale"], row["peak_mem_mb"]) == (7, True, 512.0, 5.0)
+    assert log.rows == [row]
+    with pytest.raises(ValueError, match="n_devices=0"):
+        StepLogger(None, 100, 10, 1e3, n_devices=0)
+    with pytest.raises(ValueError, match="tokens_per_step=0"):
+        StepLogger(None, 0, 10, 1e3)
 
 
-def test_the_hardware_peak_of_a_zen4_counts_32_flop_per_cycle(monkeypatch, capsys):
-    from mshelpers import metrics
-    monkeypatch.setattr(metrics, "cpu_info", lambda: {"threads": 2, "mhz": 2600.0, "flags": {"avx512f", "fma"},
-                                                       "cpu_model": "AMD EPYC", "vendor": "AuthenticAMD",
-                                                       "cpu_family": "25"})
-    monkeypatch.setattr(metrics, "max_clock_mhz", lambda: (3650.0, "measured: a dependent-add chain, best of 5"))
-    monkeypatch.setattr(metrics, "peak_flops_record", lambda dtype="float32": {"flops": 217e9})
-    assert metrics.hardware_peak_flops(verbose=True) == 2 * 3650e6 * 32      # 233.6 GFLOP/s, above the 217 measured
-    assert "x 32 FLOP/cycle (AVX-512 on 256-bit units (Zen 4): 8 fp32 lanes" in capsys.readouterr().out
+def test_peak_memory_mb_is_this_process_peak_rss_on_cpu():
+    """In a fresh process: the figure is VmHWM in MiB, and it grows by what a big array touches."""
+    code = (
+        "import numpy as np\n"
+        "from mshelpers.metrics import peak_memory_mb\n"
+        "def hwm():\n"
+        "    line = next(l for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
+        "    return int(line.split()[1]) / 1024\n"
+        "a = peak_memory_mb(); h = hwm()\n"
+        "x = np.ones(64 * 2**20 // 8)          # 64 MiB, every page written\n"
+        "b = peak_memory_mb()\n"
+        "print(a, h, b, hwm())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    a, h, b, h2 = map(float, out.stdout.split()[-4:])
+    assert abs(a - h) < 2 and abs(b - h2) < 2            # the process's own peak RSS, in MiB
+    assert 60 < b - a < 70                               # +64 MiB
 
 
-def _fake_cc(tmp_path, body):
-    """A stand-in C compiler: ignores its input and writes, at its -o path, a shell script with `body`."""
-    cc = tmp_path / "fakecc"
-    cc.write_text("#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = -o ] && out=$2; shift; done\ncat >/dev/null\n"
-                  f"printf '#!/bin/sh\\n%s\\n' '{body}' > \"$out\" && chmod +x \"$out\"\n")
-    cc.chmod(0o755)
-    return str(cc)
+def test_peak_memory_mb_prefers_the_device_figure(monkeypatch):
+    import mindspore as ms
+    monkeypatch.setattr(ms.runtime, "max_memory_allocated", lambda *a, **k: 3 * 2**20)
+    assert metrics.peak_memory_mb() == 3.0               # bytes -> MiB, device peak on Ascend/GPU
+    monkeypatch.setattr(ms.runtime, "max_memory_allocated", lambda *a, **k: 0)   # what CPU returns
+    from mshelpers.timing import peak_rss_mb
+    assert metrics.peak_memory_mb() == pytest.approx(peak_rss_mb(), abs=1.0)
 
 
-def test_the_measured_clock_is_a_real_compiled_probe_on_this_cpu(monkeypatch):
-    from mshelpers import metrics
-    monkeypatch.setattr(metrics, "_CLOCK_PROBE", {})
-    mhz, where = metrics.measured_clock_mhz()
-    assert where == "measured: a dependent-add chain, best of 5"
-    listed = metrics._cpuinfo_max_mhz()
-    assert 100 <= mhz <= 10_000 and (listed is None or mhz >= 0.5 * listed), (mhz, listed)
-    assert metrics.measured_clock_mhz() == (mhz, where)                     # once per process
+def test_an_existing_csv_is_never_truncated_silently(tmp_path):
+    p = tmp_path / "run.csv"
+    StepLogger(p, 100, 10, 1e3).log_step(1, 3.0, 0.1, peak_mem_mb=1)
+    with pytest.raises(ValueError, match="append=True.*overwrite=True"):
+        StepLogger(p, 100, 10, 1e3)
+    assert [r["step"] for r in read_csv(p)] == [1]                      # untouched
+    StepLogger(p, 100, 10, 1e3, append=True).log_step(2, 2.5, 0.1, peak_mem_mb=1)
+    assert [r["step"] for r in read_csv(p)] == [1, 2]                   # a resumed run continues it
+    StepLogger(p, 100, 10, 1e3, overwrite=True).log_step(1, 9.0, 0.1, peak_mem_mb=1)
+    assert [(r["step"], r["loss"]) for r in read_csv(p)] == [(1, 9.0)]
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="columns"):
+        StepLogger(tmp_path / "other.csv", 100, 10, 1e3, append=True)
 
 
-def test_the_clock_probe_fails_in_one_line_and_is_never_a_number(tmp_path, monkeypatch):
-    import tempfile
-    from mshelpers import metrics
-
-    def probe(**env):
-        monkeypatch.setattr(metrics, "_CLOCK_PROBE", {})
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        return metrics.measured_clock_mhz()
-    empty, path = tmp_path / "empty", os.environ["PATH"]
-    empty.mkdir()
-    monkeypatch.delenv("CC", raising=False)
-    assert probe(PATH=str(empty)) == (None, "no C compiler (cc, gcc or $CC) to build the clock probe")
-    monkeypatch.setenv("PATH", path)
-    assert probe(CC="false") == (None, "the clock probe failed (CalledProcessError)")       # the compiler fails
-    assert probe(CC=_fake_cc(tmp_path, "echo fast")) == (None, "the clock probe failed (ValueError)")
-    assert probe(CC=_fake_cc(tmp_path, "echo")) == (None, "the clock probe failed (IndexError)")       # no output
-    assert probe(CC=_fake_cc(tmp_path, "echo 99999.0")) == (None, "the clock probe read 99999 MHz, outside 100 MHz - 10 GHz")
-    assert probe(CC=_fake_cc(tmp_path, "kill -9 $$")) == (None, "the clock probe failed (CalledProcessError)")  # killed
-    assert probe(CC=_fake_cc(tmp_path, "echo 3000.5")) == (3000.5, "measured: a dependent-add chain, best of 5")
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))        # no room for the probe (a full disk)
-    assert probe() == (None, "the clock probe failed (FileNotFoundError)")
+def test_output_contract_is_explicit():
+    import numpy as np
+    log = StepLogger(None, 100, 10, 1e3)
+    assert log.read_outputs(np.float32(2.0)) == {"loss": np.float32(2.0)}
+    with pytest.raises(ValueError, match="returned a tuple of 3.*outputs='loss_overflow_scale'"):
+        log.read_outputs((np.float32(2.0), np.float32(0.9), np.int32(64)))       # (loss, acc, n_tokens)
+    scaled = StepLogger(None, 100, 10, 1e3, outputs="loss_overflow_scale")
+    got = scaled.read_outputs((np.float32(2.0), np.bool_(True), np.float32(128.0)))
+    assert got["overflow"] is True and got["loss_scale"] == 128.0
+    mine = StepLogger(None, 100, 10, 1e3, outputs=lambda out: {"loss": out[0]})
+    assert mine.read_outputs((1.5, 0.9, 64))["loss"] == 1.5
+    with pytest.raises(ValueError, match="outputs='guess'"):
+        StepLogger(None, 100, 10, 1e3, outputs="guess")
 
 
-@pytest.mark.parametrize("clock, want", [(3333.3, 3333.3), (4000, 4000.0), ("fast", None), (True, None),
-                                         (1e9, None), (float("nan"), None), (None, None), ("absent", None)])
-def test_the_cached_clock_is_used_only_when_plausible_and_from_this_machine(tmp_path, monkeypatch, clock, want):
-    import json
-    from mshelpers import metrics
-    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(tmp_path / "peak.json"))
-    info, _, key = metrics._peak_key("float32")
-    rec = {"flops": 2e11, "cpu_model": info["cpu_model"], "threads": info["threads"], "load_1min_before": 0.1,
-           "load_1min_after": 0.1, "competing_before": [], "competing_after": [], "loaded": False}
-    if clock != "absent":
-        rec["clock_mhz"] = clock
-    (tmp_path / "peak.json").write_text(json.dumps({key: rec}))
-    assert metrics._cached_clock_mhz() == want
-    (tmp_path / "peak.json").write_text(json.dumps({key: {**rec, "loaded": True}}))     # taken under load
-    assert metrics._cached_clock_mhz() is None
-    (tmp_path / "peak.json").write_text(json.dumps({key: {**rec, "cpu_model": "another CPU"}}))
-    assert metrics._cached_clock_mhz() is None
-    (tmp_path / "peak.json").write_text("{trunc")                                     # a corrupt cache
-    assert metrics._cached_clock_mhz() is None
+def test_non_scalar_loss_is_a_clear_value_error():
+    import numpy as np
+    log = StepLogger(None, 100, 10, 1e3)
+    with pytest.raises(ValueError, match=r"loss=.*not a scalar \(shape \(4,\)\).*fix"):
+        log.log_step(1, np.ones(4, np.float32), 0.1, peak_mem_mb=1)
+    assert log.log_step(1, np.array([2.0]), 0.1, peak_mem_mb=1)["loss"] == 2.0   # one element is fine
 
 
-def test_two_processes_measure_the_clock_at_once_on_a_busy_machine(tmp_path):
-    """Two probes at once while a busy loop holds each core: timed in CPU time, each reads the clock, not the share
-    of a core it got (timed in wall time, one read 1,804 MHz against 3,663 in a CI run with 2 test workers)."""
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = "from mshelpers.metrics import measured_clock_mhz as m; print(m()[0])"
-    alone = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
-                                 timeout=120).stdout)
-    burn = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
-    try:
-        procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=root)
-                 for _ in range(2)]
-        got = [float(p.communicate(timeout=120)[0]) for p in procs]
-    finally:
-        for b in burn:
-            b.kill()
-            b.wait()
-    assert 100 <= alone <= 10_000 and all(0.8 * alone <= g <= 1.25 * alone for g in got), (alone, got)
+def test_as_a_callback_in_model_train_it_reads_lr_and_grad_norm_fns(tmp_path):
+    """Real Model.train on a tiny regression: loss from the net output, lr and grad norm from the fns."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import nn
+    from mindspore.train import Callback, Model
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = nn.Dense(4, 1)
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.01)
+    rng = np.random.default_rng(0)
+    data = ms.dataset.NumpySlicesDataset({"x": rng.normal(size=(16, 4)).astype(np.float32),
+                                          "y": rng.normal(size=(16, 1)).astype(np.float32)}, shuffle=False).batch(4)
+    log = StepLogger(tmp_path / "cb.csv", tokens_per_step=4, flops_per_token=8, peak_flops_per_device=1e9,
+                     grad_norm_fn=lambda step: 0.5 * step)
+    assert isinstance(log, Callback)
+    Model(net, nn.MSELoss(), opt).train(1, data, callbacks=[log], dataset_sink_mode=False)
+    rows = read_csv(tmp_path / "cb.csv")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["lr"] == pytest.approx(0.01) for r in rows)           # the optimizer's fixed rate
+    assert [r["grad_norm"] for r in rows] == [0.5, 1.0, 1.5, 2.0]
+    assert all(r["overflow"] is False and r["loss_scale"] == 1.0 for r in rows)
 
 
-def test_max_clock_takes_a_cpufreq_of_one_khz_as_it_is(monkeypatch):
-    import io
-    from mshelpers import metrics
-    monkeypatch.setattr(metrics, "open", lambda p, *a, **k: io.StringIO("cpu MHz\t\t: 2300.000\n"), raising=False)
-    monkeypatch.setattr(metrics, "Path", _FakePath("1\n"))
-    assert metrics.max_clock_mhz() == (0.001, "cpufreq cpuinfo_max_freq")
+def test_a_wrong_output_is_described_by_its_type_and_shape():
+    import numpy as np
+    scaled = StepLogger(None, 100, 10, 1e3, outputs="loss_overflow_scale")
+    for out, said in ((np.zeros(2, np.float32), "one ndarray of shape (2,)"), (2.5, "one float"), ([1, 2], "a list of 2")):
+        with pytest.raises(ValueError) as e:
+            scaled.read_outputs(out)
+        assert str(e.value) == (f"StepLogger: outputs='loss_overflow_scale' but the network returned {said}; "
+                                "fix: outputs='loss' for a single loss, or a function")
 
 
-def test_the_matmul_chain_measures_flop_per_second_not_flop_seconds():
-    """A real compiled chain of small MatMuls on this CPU: FLOPs over the best time lands between 0.1 GFLOP/s
-    (far below any CPU that runs MindSpore) and 10 TFLOP/s (far above a laptop's peak); FLOPs times the
-    time, or the time over FLOPs, lands nowhere near."""
-    from mshelpers.metrics import _measure_matmul_chain
-    flops = _measure_matmul_chain(128, 128, 128, 3, "float32")
-    assert 1e8 < flops < 1e13, flops
+def test_as_callback_turns_a_logger_built_before_mindspore_into_a_callback():
+    from mindspore.train import Callback
+    log = StepLogger(None, 100, 10, 1e3)
+    cls = type(log)
+    log.__class__ = StepLogger               # as if built before MindSpore was imported: a plain StepLogger
+    assert not isinstance(log, Callback)
+    assert log.as_callback() is log and isinstance(log, Callback) and isinstance(log, StepLogger)
+    assert type(log) is cls and type(log.as_callback()) is cls          # once converted, it stays the same class
 
 
-def test_the_peak_cache_path_env_then_repo_then_copied_alone_then_cwd(monkeypatch, tmp_path):
-    from mshelpers.metrics import _peak_cache_path
-    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(tmp_path / "mine.json"))
-    monkeypatch.setenv("MSHELPERS_BUILD", str(tmp_path / "b"))
-    assert _peak_cache_path() == tmp_path / "mine.json"
-    monkeypatch.delenv("MSHELPERS_PEAK_CACHE")
-    assert _peak_cache_path() == tmp_path / "b" / "peak_flops.json"
-    monkeypatch.delenv("MSHELPERS_BUILD")
-    repo, alone, elsewhere = tmp_path / "repo", tmp_path / "alone", tmp_path / "cwd"
-    for d in (repo / "mshelpers", alone, elsewhere):
-        d.mkdir(parents=True)
-    (repo / "pyproject.toml").write_text("")
-    (alone / "pyproject.toml").write_text("")
-    monkeypatch.chdir(elsewhere)
-    monkeypatch.setattr(metrics, "__file__", str(repo / "mshelpers" / "metrics.py"))     # inside the cookbook
-    assert _peak_cache_path() == repo / "build" / "peak_flops.json"
-    monkeypatch.setattr(metrics, "__file__", str(alone / "metrics.py"))                  # copied into a project
-    assert _peak_cache_path() == alone / "build" / "peak_flops.json"
-    (alone / "pyproject.toml").unlink()
-    assert _peak_cache_path() == elsewhere / "build" / "peak_flops.json"                  # nothing: ./build
+# ---- the callback hooks, value by value: MindSpore hands them a run_context whose original_args() holds
+# net_outputs, cur_step_num and the optimizer (on cb.optimizer or cb.train_network.optimizer)
+class _RunContext:
+    def __init__(self, **cb):
+        self.cb = SimpleNamespace(**cb)
+
+    def original_args(self):
+        return self.cb
 
 
-CPUINFO = """processor\t: 0
-vendor_id\t: GenuineIntel
-cpu family\t: 6
-model name\t: Intel(R) Xeon(R): Gold 6000 @ 2.30GHz
-cpu MHz\t\t: 2300.000
-flags\t\t: fpu sse avx2 avx512f
-
-processor\t: 1
-cpu family\t: 7
-model name\t: Other
-cpu MHz\t\t: 1200.000
-flags\t\t: fpu
-"""
+def _hook_row(log, sleep_s=0.0, **cb):
+    import time
+    log.on_train_step_begin(_RunContext(**cb))
+    time.sleep(sleep_s)
+    log.on_train_step_end(_RunContext(**cb))
+    return log.rows[-1]
 
 
-def test_cpu_info_takes_the_first_processors_fields_from_cpuinfo(monkeypatch):
+def test_each_value_a_callback_step_logs_comes_from_where_the_contract_says(tmp_path):
+    import math
+    import mindspore as ms
+    import numpy as np
+    opt = SimpleNamespace(learning_rate=ms.Tensor(np.float32(0.25)))
+    kw = dict(tokens_per_step=100, flops_per_token=10.0, peak_flops_per_device=1e6)
+    log = StepLogger(tmp_path / "a.csv", **kw)
+    r = _hook_row(log, 0.05, net_outputs=ms.Tensor(np.float32(2.5)), cur_step_num=7, optimizer=opt)
+    assert (r["step"], r["loss"], r["lr"]) == (7, 2.5, 0.25) and math.isnan(r["grad_norm"])
+    assert r["overflow"] is False and r["loss_scale"] == 1.0 and r["spike"] is False
+    assert 0.05 <= r["step_time_s"] < 1.0 and r["tokens_per_s"] == pytest.approx(100 / r["step_time_s"])
+    assert r["mfu"] == pytest.approx(r["tokens_per_s"] * 10.0 / 1e6)
+    assert read_csv(tmp_path / "a.csv")[-1]["step"] == 7
+    # the optimizer found on the train network when the callback args have none
+    r = _hook_row(log, net_outputs=1.5, cur_step_num=8, optimizer=None,
+                  train_network=SimpleNamespace(optimizer=opt))
+    assert (r["step"], r["loss"], r["lr"]) == (8, 1.5, 0.25)
+    assert math.isnan(_hook_row(log, net_outputs=1.0, cur_step_num=9)["lr"])      # no optimizer at all
+    # lr_fn and grad_norm_fn are asked with the step number
+    log = StepLogger(None, lr_fn=lambda s: s / 100, grad_norm_fn=lambda s: s * 2.0, **kw)
+    r = _hook_row(log, net_outputs=3.0, cur_step_num=4, optimizer=opt)
+    assert (r["lr"], r["grad_norm"]) == (0.04, 8.0)
+    # what the outputs function returns wins over both, overflow and scale included
+    log = StepLogger(None, lr_fn=lambda s: 9.0, grad_norm_fn=lambda s: 9.0, **kw,
+                     outputs=lambda out: {"loss": out[0], "lr": 0.5, "grad_norm": 1.25, "overflow": 1,
+                                          "loss_scale": 512.0})
+    r = _hook_row(log, net_outputs=(2.0, 0), cur_step_num=5, optimizer=opt)
+    assert (r["loss"], r["lr"], r["grad_norm"], r["overflow"], r["loss_scale"]) == (2.0, 0.5, 1.25, True, 512.0)
+    log = StepLogger(None, outputs="loss_overflow_scale", **kw)
+    r = _hook_row(log, net_outputs=(ms.Tensor(np.float32(4.0)), ms.Tensor(True), ms.Tensor(np.float32(64.0))),
+                  cur_step_num=2)
+    assert (r["loss"], r["overflow"], r["loss_scale"]) == (4.0, True, 64.0)
+
+
+def test_a_fixed_lr_is_read_and_a_schedule_is_nan():
+    import math
+    import mindspore as ms
+    import numpy as np
+    ns = SimpleNamespace
+    assert metrics._fixed_lr(ns(learning_rate=ms.Tensor(np.float32(0.125)))) == 0.125
+    assert metrics._fixed_lr(ns(learning_rate=ms.Parameter(ms.Tensor(np.array([0.5], np.float32))))) == 0.5
+    for opt in (None, ns(), ns(learning_rate=None), ns(learning_rate=0.1),
+                ns(learning_rate=ms.Tensor(np.array([0.1, 0.2], np.float32))),
+                ns(learning_rate=ns(asnumpy=lambda: 1 / 0))):
+        assert math.isnan(metrics._fixed_lr(opt)), opt
+
+
+def test_read_outputs_results_and_refusals_exactly():
+    import numpy as np
+    scaled = StepLogger(None, 100, 10, 1e3, outputs="loss_overflow_scale")
+    for overflow, want in ((np.bool_(False), False), (np.array([True]), True), (0, False), (1.0, True), (True, True)):
+        got = scaled.read_outputs([np.float32(2.5), overflow, np.array([64.0])])     # a list is a tuple here
+        assert got == {"loss": np.float32(2.5), "overflow": want, "loss_scale": 64.0}, overflow
+        assert type(got["overflow"]) is bool and type(got["loss_scale"]) is float
+    with pytest.raises(ValueError) as e:
+        scaled.read_outputs((np.float32(2.0), np.zeros(3), 1.0))
+    assert str(e.value).startswith("StepLogger: overflow=array([0., 0., 0.]) is not a scalar (shape (3,)); fix: ")
+    with pytest.raises(ValueError) as e:
+        scaled.read_outputs((np.float32(2.0), False, "big"))
+    assert str(e.value) == ("StepLogger: loss_scale='big' is not a scalar (type str); fix: reduce it to one number "
+                            "(e.g. .mean()) in the network, or pass outputs=<function returning {'loss': float, ...}>")
+    plain = StepLogger(None, 100, 10, 1e3)
+    for out, said in (((1.0, 2.0, 3.0), "a tuple of 3"), ([1.0], "a list of 1")):
+        with pytest.raises(ValueError) as e:
+            plain.read_outputs(out)
+        assert str(e.value) == (f"StepLogger: outputs='loss' but the network returned {said}; fix: "
+                                "outputs='loss_overflow_scale' for TrainOneStepWithLossScaleCell, or "
+                                "outputs=lambda out: {'loss': out[0]} to pick the loss yourself")
+    arr = np.array([3.0])
+    assert plain.read_outputs(arr)["loss"] is arr                       # passed through as it came
+    src = {"loss": 1.0, "lr": 0.1}
+    mine = StepLogger(None, 100, 10, 1e3, outputs=lambda out: src)
+    got = mine.read_outputs(None)
+    assert got == src and got is not src                                # a copy: the logger never edits yours
+    for bad in ({"lr": 0.1}, [("loss", 1.0)], None):
+        with pytest.raises(ValueError) as e:
+            StepLogger(None, 100, 10, 1e3, outputs=lambda out, b=bad: b).read_outputs(None)
+        assert str(e.value) == (f"StepLogger: outputs function returned {bad!r:.80}; fix: return a dict with 'loss' "
+                                "and optionally 'overflow', 'loss_scale', 'grad_norm', 'lr'")
+
+
+@pytest.mark.parametrize("make, line", [
+    (lambda: StepLogger(None, 0, 10, 1e3), "StepLogger: tokens_per_step=0 is invalid; fix: pass batch*seq_len > 0"),
+    (lambda: StepLogger(None, True, 10, 1e3), "StepLogger: tokens_per_step=True is invalid; fix: pass batch*seq_len > 0"),
+    (lambda: StepLogger(None, "8", 10, 1e3), "StepLogger: tokens_per_step='8' is invalid; fix: pass batch*seq_len > 0"),
+    (lambda: StepLogger(None, 2.5, 10, 1e3),
+     "StepLogger: tokens_per_step=2.5 is invalid; fix: pass a positive integer (a count has no fraction)"),
+    (lambda: StepLogger(None, 10, 10, 1e3, n_devices=0), "StepLogger: n_devices=0 is invalid; fix: pass >= 1"),
+    (lambda: StepLogger(None, 10, 10, 1e3, n_devices="2"), "StepLogger: n_devices='2' is invalid; fix: pass >= 1"),
+    (lambda: StepLogger(None, 10, 10, 1e3, n_devices=1.5),
+     "StepLogger: n_devices=1.5 is invalid; fix: pass a positive integer (a count has no fraction)"),
+    (lambda: StepLogger(None, 10, 0.0, 1e3), "StepLogger: flops_per_token=0.0 is invalid; fix: pass a number > 0"),
+    (lambda: StepLogger(None, 10, True, 1e3), "StepLogger: flops_per_token=True is invalid; fix: pass a number > 0"),
+    (lambda: StepLogger(None, 10, 10, 0), "StepLogger: peak_flops_per_device=0 is invalid; fix: pass a number > 0"),
+    (lambda: StepLogger(None, 10, 10, "1e9"),
+     "StepLogger: peak_flops_per_device='1e9' is invalid; fix: pass a number > 0"),
+    (lambda: StepLogger(None, 10, 10, 1e3, outputs="guess"),
+     "StepLogger: outputs='guess' is invalid; fix: one of ('loss', 'loss_overflow_scale') or a function net_outputs "
+     "-> {'loss': ..., 'overflow': ..., 'loss_scale': ...}"),
+    (lambda: StepLogger(None, 10, 10, 1e3, lr_fn=3),
+     "StepLogger: lr_fn=3 is not callable; fix: pass a function step -> float"),
+    (lambda: StepLogger(None, 10, 10, 1e3, grad_norm_fn="x"),
+     "StepLogger: grad_norm_fn='x' is not callable; fix: pass a function step -> float"),
+    (lambda: StepLogger("unused.csv", 10, 10, 1e3, append=True, overwrite=True),
+     "StepLogger: append=True and overwrite=True contradict; fix: pick one"),
+])
+def test_every_steplogger_refusal_is_its_exact_line(make, line):
+    with pytest.raises(ValueError) as e:
+        make()
+    assert str(e.value) == line
+
+
+def test_a_small_positive_peak_and_flops_are_accepted_and_used():
+    log = StepLogger(None, 10, 0.5, 0.5)                         # above 0, below 1: valid, if odd
+    assert log.log_step(1, 1.0, 2.0, peak_mem_mb=1)["mfu"] == pytest.approx(10 / 2.0 * 0.5 / 0.5)
+
+
+@pytest.mark.parametrize("field", ["step_time_s", "lr", "grad_norm", "loss_scale"])
+def test_log_step_names_the_field_that_is_not_a_scalar(field):
+    import numpy as np
+    kw = {"step_time_s": 0.1}
+    kw[field] = np.ones(2)
+    st = kw.pop("step_time_s")
+    with pytest.raises(ValueError) as e:
+        StepLogger(None, 10, 10, 1e3).log_step(1, 1.0, st, peak_mem_mb=1, **kw)
+    assert str(e.value).startswith(f"StepLogger: {field}=array([1., 1.]) is not a scalar (shape (2,)); fix: ")
+
+
+def test_log_step_defaults_and_an_empty_csv_counts_as_new(tmp_path):
+    import math
+    (tmp_path / "new" / "deep").mkdir(parents=True)
+    (tmp_path / "new" / "deep" / "empty.csv").write_text("")
+    log = StepLogger(tmp_path / "new" / "deep" / "empty.csv", 10, 10, 1e3)   # empty: no append/overwrite needed
+    row = log.log_step(1, 2.0, 0.0, peak_mem_mb=1)
+    assert row["overflow"] is False and row["spike"] is False and row["loss_scale"] == 1.0
+    assert math.isnan(row["tokens_per_s"]) and math.isnan(row["lr"]) and math.isnan(row["grad_norm"])
+    text = (tmp_path / "new" / "deep" / "empty.csv").read_bytes()
+    assert text.count(b"\r\n") == 2 and b"\r\r" not in text       # header and one row, as the csv module ends them
+    nested = StepLogger(tmp_path / "a" / "b" / "c.csv", 10, 10, 1e3)   # missing folders are created
+    nested.log_step(1, 2.0, 0.1, peak_mem_mb=1)
+    assert (tmp_path / "a" / "b" / "c.csv").exists()
+
+
+def test_peak_memory_mb_reads_vmhwm_then_falls_back_to_ru_maxrss(monkeypatch):
+    """In this process, with getrusage patched to a value VmHWM never has: which source answered is visible."""
     import builtins
-    import io
-    real_open = builtins.open
-    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: io.StringIO(CPUINFO)
-                        if str(path) == "/proc/cpuinfo" else real_open(path, *a, **k))
-    assert metrics.cpu_info() == {"cpu_model": "Intel(R) Xeon(R): Gold 6000 @ 2.30GHz", "cpu_family": "6",
-                                  "threads": metrics._threads(), "flags": {"fpu", "sse", "avx2", "avx512f"},
-                                  "mhz": 2300.0, "vendor": "GenuineIntel"}
-
-
-def test_without_proc_the_platform_answers(monkeypatch):
-    import builtins
-    import platform
+    import resource
+    import types
+    monkeypatch.delitem(sys.modules, "mindspore", raising=False)           # no device figure to prefer
+    monkeypatch.setattr(resource, "getrusage", lambda who: types.SimpleNamespace(ru_maxrss=3 * 2**20)
+                        if who == resource.RUSAGE_SELF else None)
+    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+    assert metrics.peak_memory_mb() == pytest.approx(int(line.split()[1]) / 1024, abs=1.0)
+    assert metrics.peak_memory_mb() != pytest.approx(3 * 2**20 / 1024, abs=1.0)
     real_open = builtins.open
 
     def no_proc(path, *a, **k):
@@ -674,14 +455,80 @@ def test_without_proc_the_platform_answers(monkeypatch):
             raise OSError("no /proc here")
         return real_open(path, *a, **k)
     monkeypatch.setattr(builtins, "open", no_proc)
-    monkeypatch.setattr(platform, "processor", lambda: "")
-    monkeypatch.setattr(platform, "machine", lambda: "arm64")
-    assert metrics.cpu_info() == {"cpu_model": "arm64", "cpu_family": None, "threads": metrics._threads(),
-                                  "flags": set(), "mhz": None, "vendor": None}
-    monkeypatch.setattr(platform, "machine", lambda: "")
-    assert metrics.platform_processor() == "unknown"
-    monkeypatch.delattr(os, "sched_getaffinity")                   # macOS has no affinity call
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    assert metrics._threads() == 8
-    monkeypatch.setattr(os, "cpu_count", lambda: None)
-    assert metrics._threads() == 1
+    assert metrics.peak_memory_mb() == 3 * 2**20 / 1024                   # Linux: ru_maxrss is in KiB
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert metrics.peak_memory_mb() == 3.0                                # macOS: in bytes
+
+
+# ------------------------------------------------------------------------------------------ mutation survivors
+class _OnlyAsnumpy:
+    """A value with `.asnumpy()` and nothing else (no size, no reshape): only the asnumpy branch reads it."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def asnumpy(self):
+        import numpy as np
+        return np.asarray(self.v)
+
+
+def test_a_value_that_only_has_asnumpy_is_read_through_it():
+    row = StepLogger(None, 100, 10, 1e3).log_step(1, _OnlyAsnumpy(3.5), 0.5, grad_norm=_OnlyAsnumpy([0.25]))
+    assert (row["loss"], row["grad_norm"]) == (3.5, 0.25)
+
+
+def test_a_one_element_array_of_any_rank_is_read_without_numpy_deprecation_warnings():
+    import warnings
+    import numpy as np
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # float() of an ndim > 0 array is deprecated since NumPy 1.25
+        row = StepLogger(None, 100, 10, 1e3).log_step(1, np.array([[2.5]]), 0.5, loss_scale=np.array([[[8.0]]]))
+    assert (row["loss"], row["loss_scale"]) == (2.5, 8.0)
+
+
+def test_spike_true_is_logged_and_written(tmp_path):
+    log = StepLogger(tmp_path / "s.csv", 100, 10, 1e3)
+    assert log.log_step(1, 2.0, 0.5, spike=True)["spike"] is True
+    assert log.log_step(2, 2.0, 0.5)["spike"] is False
+    assert [r["spike"] for r in read_csv(tmp_path / "s.csv")] == [True, False]
+
+
+def test_peak_memory_mb_divides_vmhwm_kib_by_1024_exactly(monkeypatch):
+    import builtins
+    import io
+    monkeypatch.delitem(sys.modules, "mindspore", raising=False)           # no device figure to prefer
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: io.StringIO("VmPeak:\t 9999 kB\nVmHWM:\t 2097152 kB\n")
+                        if str(path) == "/proc/self/status" else real_open(path, *a, **k))
+    assert metrics.peak_memory_mb() == 2048.0                              # 2,097,152 KiB / 1024
+
+
+def test_a_callback_made_from_a_users_subclass_keeps_the_users_module():
+    class MyLogger(StepLogger):
+        pass
+    cb = MyLogger(None, 100, 10, 1e3).as_callback()
+    from mindspore.train import Callback
+    assert isinstance(cb, Callback) and isinstance(cb, MyLogger)
+    assert type(cb).__module__ == __name__ and type(cb).__name__ == "MyLogger"
+
+
+def test_one_token_per_step_is_valid_and_without_mindspore_nothing_becomes_a_callback(monkeypatch):
+    def no_callback(cls):
+        raise AssertionError("StepLogger made itself a Callback although MindSpore was never imported")
+    monkeypatch.delitem(sys.modules, "mindspore", raising=False)
+    monkeypatch.setattr(metrics, "_as_callback_class", no_callback)
+    log = StepLogger(None, tokens_per_step=1, flops_per_token=1, peak_flops_per_device=1)
+    assert type(log) is StepLogger and log.tokens_per_step == 1
+
+
+def test_an_existing_csv_of_one_byte_is_refused_and_both_refusals_name_the_file(tmp_path):
+    one = tmp_path / "one.csv"
+    one.write_text("x")
+    with pytest.raises(ValueError) as e:
+        StepLogger(one, 100, 10, 1e3)
+    assert str(e.value).startswith(f"StepLogger: csv_path={str(one)!r} already exists and is not empty; fix: ")
+    assert one.read_text() == "x"                                       # refused, untouched
+    with pytest.raises(ValueError) as e:
+        StepLogger(one, 100, 10, 1e3, append=True)
+    assert str(e.value).startswith(f"StepLogger: csv_path={str(one)!r} has columns ['x'], not ")
+

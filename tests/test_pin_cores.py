@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mshelpers.metrics import PEAK_METHOD, cpu_info
+from mshelpers.peak import PEAK_METHOD, cpu_info
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_CORES = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2

@@ -28,7 +28,7 @@ report and logs use all of them; the CLI uses report and logs):
   report.py       the verdict, the tables, the pictures, the improved YAML
   cpu_check.py    the cost model checked on this CPU against the mini LLaMA (notebook 12)
   cli.py          the command line
-Copy the whole `doctor/` folder (with `memory.py` beside it for memory, `metrics.py` for the cpu profile).
+Copy the whole `doctor/` folder (with `memory.py` beside it for memory, `peak.py` for the cpu profile).
 
 What the model leaves out: kernel efficiency that varies with shape (grouped-GEMM experts, small TP shards),
 fine_grain_interleave and micro_batch_interleave_num overlap, expert load imbalance, data loading, host launch

@@ -56,7 +56,7 @@ def cpu_hardware(ranks: int = 1, *, alpha_beta: Any = None, peak: float | None =
                  cores: int | None = None) -> DoctorHardware:
     """This CPU as measured, for `ranks` processes sharing it (the ranks of an msrun on this machine).
 
-    compute: `metrics.peak_flops()` (the cached measured MatMul peak), divided by `ranks`: the ranks split the
+    compute: `peak.peak_flops()` (the cached measured MatMul peak), divided by `ranks`: the ranks split the
       cores (each rank runs cores/ranks kernel threads), so each gets 1/ranks of the peak.
     collectives: an alpha-beta fit of the all-reduce measured on these ranks (`parallel.fit_alpha_beta`, or an
       (alpha_s, beta_bytes_per_s) pair), entered so that `step_time`'s DP term gives back alpha + S/beta for a
@@ -65,17 +65,17 @@ def cpu_hardware(ranks: int = 1, *, alpha_beta: Any = None, peak: float | None =
     """
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise DoctorError("ranks", ranks, "a positive integer (processes sharing this CPU)")
-    metrics = _sibling("metrics")
+    peak_flops, peak_flops_record, cpu_info = _sibling("peak", "peak_flops", "peak_flops_record", "cpu_info")
     cores = cores or os.cpu_count() or 1
     if peak is None:
-        peak = metrics.peak_flops()
-        rec = metrics.peak_flops_record() or {}
-        psrc = (f"measured: {rec.get('method', 'metrics.peak_flops()')}; {rec.get('cpu_model')}, "
+        peak = peak_flops()
+        rec = peak_flops_record() or {}
+        psrc = (f"measured: {rec.get('method', 'peak.peak_flops()')}; {rec.get('cpu_model')}, "
                 f"{rec.get('threads')} threads, {rec.get('date')} (build/peak_flops.json)")
     else:
         psrc = "given"
     if not (isinstance(peak, (int, float)) and not isinstance(peak, bool) and peak > 0):
-        raise DoctorError("peak", peak, "a measured FLOP/s > 0, e.g. mshelpers.metrics.peak_flops()")
+        raise DoctorError("peak", peak, "a measured FLOP/s > 0, e.g. mshelpers.peak.peak_flops()")
     per_rank = peak / ranks
     bw, lat, csrc = 1e9, 1e-3, "not used (one process)"
     if ranks > 1:
@@ -96,7 +96,7 @@ def cpu_hardware(ranks: int = 1, *, alpha_beta: Any = None, peak: float | None =
             mem = int(next(line for line in f if line.startswith("MemTotal")).split()[1]) * 1024
     except (OSError, StopIteration, ValueError):
         mem = 8 * 2**30
-    model = metrics.cpu_info().get("cpu_model")
+    model = cpu_info().get("cpu_model")
     return DoctorHardware(
         name=f"this CPU, measured ({model}; {ranks} rank{'s' if ranks > 1 else ''} on {cores} cores)",
         peak_flops={"float32": per_rank, "float16": per_rank, "bfloat16": per_rank}, hbm_bytes_per_s=20e9,

@@ -60,17 +60,17 @@ HARDWARE_NAMES = ("atlas-800t-a2", "atlas-900-a2-podc", "cpu")
 
 
 def hardware(name: str = "atlas-800t-a2") -> DoctorHardware:
-    """The named profile. "cpu" is this machine: theoretical peak = cores x max clock (metrics.max_clock_mhz) x
-    FLOP/cycle (fp32 lanes per FMA unit, metrics.fp32_fma_lanes, x 2 for FMA x 2 FMA units), memory = MemTotal;
+    """The named profile. "cpu" is this machine: theoretical peak = cores x max clock (peak.max_clock_mhz) x
+    FLOP/cycle (fp32 lanes per FMA unit, peak.fp32_fma_lanes, x 2 for FMA x 2 FMA units), memory = MemTotal;
     its links are not modelled (one node)."""
     if name in HARDWARE:
         return HARDWARE[name]
     if name != "cpu":
         raise DoctorError("--hardware", name, f"use one of {', '.join(HARDWARE_NAMES)}")
-    metrics = _sibling("metrics")
-    mhz, where = metrics.max_clock_mhz()
-    info = metrics.cpu_info()
-    lanes, isa = metrics.fp32_fma_lanes(info)      # 8 on Zen 4, whose AVX-512 runs on 256-bit units
+    max_clock_mhz, cpu_info, fp32_fma_lanes = _sibling("peak", "max_clock_mhz", "cpu_info", "fp32_fma_lanes")
+    mhz, where = max_clock_mhz()
+    info = cpu_info()
+    lanes, isa = fp32_fma_lanes(info)      # 8 on Zen 4, whose AVX-512 runs on 256-bit units
     cores = os.cpu_count() or 1
     if not mhz:
         raise DoctorError("--hardware", name, "this machine reports no clock; pass an Ascend profile")
