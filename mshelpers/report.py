@@ -152,15 +152,15 @@ def claim_timing(base_name: str, base: Sequence[float], cand_name: str, cand: Se
     Without `control`, the rule is timing.verdict's (inlined so this module copies alone): the difference of the
     medians must exceed the larger round-to-round range and `rel_floor` of the baseline. With `control`, an A/A
     copy of the baseline run in the same rounds (aligned by round, as `timing.compare_interleaved(aa_control=True)`
-    gives them), it is timing.decide's: the median per-round log-ratio against a band of two standard errors of
+    gives them), it is timing.decide's: the median per-round log-ratio against a band of 2.5 standard errors of
     that median, one round's noise taken robustly from the A/A ratios (1.4826 x their median |log-ratio|) or from
-    the candidate's own scatter where wider. An effect that clears the band is decided even when the A/A copies
+    the candidate's own scatter where wider, with every round but one in six on the same side. An effect that clears the band is decided even when the A/A copies
     differ a little. Every verdict, with its band, is appended to $MSHELPERS_VERDICT_LOG when that is set.
     `why_wide` says, for the run's manifest, why this comparison's band may not get under ±15 % (e.g. a first step
     that includes a compile).
 
         >>> claim_timing("O0", [100, 110, 105], "O1", [80, 88, 84], expect="win", control=[102, 108, 104])
-        ✓ O1 is faster than O0: median 84 ms (80–88) against 105 ms (100–110), ratio 0.8; per round 0.8 (0.8–0.8) against an A/A band of ±4.0 %  [verdict=win, expected=win]
+        ✓ O1 is faster than O0: median 84 ms (80–88) against 105 ms (100–110), ratio 0.8; per round 0.8 (0.8–0.8) against an A/A band of ±5.0 %  [verdict=win, expected=win]
         'win'
 
         >>> claim_timing("O0", [100, 104, 102], "O1", [80, 82, 81], expect="win")
@@ -195,8 +195,9 @@ def claim_timing(base_name: str, base: Sequence[float], cand_name: str, cand: Se
         a = [math.log(float(z) / float(x)) for x, z in zip(base, control)]
         delta = statistics.median(d)
         sigma = 1.4826 * max(statistics.median(abs(x) for x in a), statistics.median(abs(x - delta) for x in d))
-        band_log = max(2 * 1.2533 * sigma / math.sqrt(len(d)), math.log(1 + rel_floor))
-        band, decided = math.exp(band_log) - 1, abs(delta) > band_log
+        band_log = max(2.5 * 1.2533 * sigma / math.sqrt(len(d)), math.log(1 + rel_floor))
+        band = math.exp(band_log) - 1
+        decided = abs(delta) > band_log and sum((x > 0) != (delta > 0) for x in d) <= len(d) // 6
         r = sorted(float(y) / float(x) for x, y in zip(base, cand))
         paired = (f"; per round {statistics.median(r):.3g} ({r[0]:.3g}–{r[-1]:.3g}) against an A/A band of "
                   f"±{100 * band:.1f} %")

@@ -150,7 +150,7 @@ def test_claim_timing_with_a_control_uses_the_per_round_band(capsys):
     # the rule without a control (medians against the widest range) cannot tell 15 % under this drift; the paired one can
     assert claim_timing("base", drift_base, "fast", faster, expect="undecided") == "too noisy"
     assert claim_timing("base", drift_base, "fast", faster, expect="win", control=aa) == "win"
-    assert "A/A band of ±2.2 %" in capsys.readouterr().out   # median |a_r| = log 1.01: 2.2 %
+    assert "A/A band of ±2.7 %" in capsys.readouterr().out   # median |a_r| = log 1.01: 2.5 x 1.2533 x 1.4826 x .00995 / sqrt 3 = 2.7 %
     noop = [99, 121, 141]
     assert claim_timing("base", drift_base, "noop", noop, expect="within noise", control=aa) == "within noise"
     with pytest.raises(ClaimFailed):                   # a claim the measurement contradicts still raises

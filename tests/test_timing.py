@@ -158,8 +158,8 @@ def test_a_no_op_is_within_noise_and_a_real_change_wins_against_the_a_a_band():
     assert out["too_noisy"] == {"median_step_s": False}
     assert v["noop"] == "within noise" and v["faster"] == "win", v
     # A/A log-ratios log 1.02, log 0.99, log 1.01: median |.| = 0.01005; sigma = 1.4826 x 0.01005 = 0.0149;
-    # band = 2 x 1.2533 x 0.0149 / sqrt(3) = 0.02157 as a log-ratio, exp(.) - 1 = 0.0218
-    assert out["band"]["median_step_s"] == pytest.approx(0.0218, abs=2e-4)
+    # band = 2.5 x 1.2533 x 0.0149 / sqrt(3) = 0.02696 as a log-ratio, exp(.) - 1 = 0.0273
+    assert out["band"]["median_step_s"] == pytest.approx(0.0273, abs=2e-4)
     # the rule without the control, differences of medians against the widest range, calls the 20 % change noise
     # the rule without the control, differences of medians against the widest range (26 % of the baseline here),
     # cannot tell a 20 % change: too noisy, not "within noise"
@@ -171,9 +171,9 @@ def test_an_a_a_pair_that_differs_leaves_a_small_effect_too_noisy_and_a_large_on
     out = compare_interleaved({"base": _baseline_callable([0.10] * 3, [0.20] * 3), "change": lambda: 0.05},
                               rounds=3, isolate=False, progress=False, aa_control=True)
     assert out["too_noisy"] == {"median_step_s": True}
-    # the copy ran at twice the baseline: |a_r| = log 2 each round; band = 2 x 1.2533 x 1.4826 x 0.693 / sqrt(3) = 1.487
-    # as a log-ratio, exp(1.487) - 1 = 3.42; the change's log 2 = 0.693 does not clear it
-    assert out["band"]["median_step_s"] == pytest.approx(3.42, abs=0.01)
+    # the copy ran at twice the baseline: |a_r| = log 2 each round; band = 2.5 x 1.2533 x 1.4826 x 0.693 / sqrt(3)
+    # = 1.859 as a log-ratio, exp(1.859) - 1 = 5.42; the change's log 2 = 0.693 does not clear it
+    assert out["band"]["median_step_s"] == pytest.approx(5.42, abs=0.01)
     assert {r["name"]: r.get("median_step_s verdict") for r in out["table"]}["change"] == "too noisy"
     # 02 c12's case: the A/A copies differ by 1.19x, the effect is 3.5x: decided, not vetoed by the copy
     out = compare_interleaved({"base": _baseline_callable([1.57, 1.50, 1.60], [1.32, 1.55, 1.60]),
@@ -187,13 +187,13 @@ def test_four_verdicts_and_the_band_narrows_as_rounds_are_added():
     from mshelpers.timing import TIGHT_BAND, aa_band, decide
     base = [100.0] * 9
     aa = [100 * f for f in (1.06, 0.95, 1.04, 0.97, 1.05, 0.96, 1.03, 0.94, 1.06)]
-    # 3 rounds: |a_r| = .0583, .0513, .0392, median .0513, sigma .0761, band 2 x 1.2533 x .0761 / sqrt 3 = .1101,
-    # exp - 1 = 11.6 %; 9 rounds: median |a_r| .0488, sigma .0723, band .0604, 6.2 %
-    assert aa_band(base[:3], aa[:3]) == pytest.approx(0.1163, abs=1e-3)
-    assert aa_band(base, aa) == pytest.approx(0.0623, abs=1e-3)
-    slower = [108.0] * 9
-    assert decide(base[:3], slower[:3], aa[:3], higher_is_better=False)[0] == "within noise"  # 8 % inside 9.5 %
-    assert decide(base, slower, aa, higher_is_better=False)[0] == "regression"                 # 8 % clears 5.1 %
+    # 3 rounds: |a_r| = .0583, .0513, .0392, median .0513, sigma .0761, band 2.5 x 1.2533 x .0761 / sqrt 3 = .1377,
+    # exp - 1 = 14.8 %; 9 rounds: median |a_r| .0488, sigma .0723, band .0755, 7.8 %
+    assert aa_band(base[:3], aa[:3]) == pytest.approx(0.1475, abs=1e-3)
+    assert aa_band(base, aa) == pytest.approx(0.0784, abs=1e-3)
+    slower = [110.0] * 9                                                                          # log 1.1 = .0953
+    assert decide(base[:3], slower[:3], aa[:3], higher_is_better=False)[0] == "within noise"  # inside 14.8 %
+    assert decide(base, slower, aa, higher_is_better=False)[0] == "regression"                 # clears 7.8 %
     wide = [100 * f for f in (1.3, 0.75, 1.25)]
     v, band = decide(base[:3], slower[:3], wide, higher_is_better=False)
     assert v == "too noisy" and band > TIGHT_BAND
@@ -219,16 +219,16 @@ def test_budget_adds_rounds_until_the_verdict_decides():
     def slower():
         who()
         return 0.120                                  # 20 % slower every round: log 1.2 = 0.182
-    # 3 rounds: median |a_r| = 0.115 -> band 3.716 x 0.115 / sqrt 3 = 0.247, 28 %: the 20 % is too noisy to call
+    # 3 rounds: median |a_r| = 0.115 -> band 2.5 x 1.2533 x 1.4826 x 0.115 / sqrt 3 = 0.308, 36 %: 20 % is too noisy
     fixed = compare_interleaved({"base": base, "slower": slower}, rounds=3, isolate=False, progress=False,
                                 aa_control=True)
     assert {r["name"]: r.get("median_step_s verdict") for r in fixed["table"]}["slower"] == "too noisy"
     k["calls"] = 0
     grown = compare_interleaved({"base": base, "slower": slower}, rounds=3, isolate=False, progress=False,
                                 aa_control=True, budget_s=600, max_rounds=12)
-    # each added round narrows the band (1/sqrt(R)); at 6 rounds it is 0.174 and the 0.182 clears it
+    # each added round narrows the band (0.534 / sqrt(R)): 0.189 at 8 rounds, 0.178 at 9, which 0.182 clears
     assert {r["name"]: r.get("median_step_s verdict") for r in grown["table"]}["slower"] == "regression"
-    assert grown["rounds"] == 6 and len(grown["runs"]) == 3 * 6
+    assert grown["rounds"] == 9 and len(grown["runs"]) == 3 * 9
     k["calls"] = 0
     capped = compare_interleaved({"base": base, "slower": slower}, rounds=3, isolate=False, progress=False,
                                  aa_control=True, budget_s=600, max_rounds=4)
