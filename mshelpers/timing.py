@@ -211,7 +211,7 @@ def aa_band(base: list[float], aa: list[float], rel_floor: float = 0.02) -> floa
         >>> round(aa_band([100, 100, 100], [102, 99, 101]), 4)      # median |a_r| = 1 %: 2.7 %
         0.0273
         >>> round(aa_band([100, 100, 100, 100, 100], [102, 99, 101, 140, 101]), 4)   # an outlier round changes nothing
-        0.02
+        0.0211
     """
     import math
     _, a = _log_ratios(base, aa, aa, "aa_band")
