@@ -277,7 +277,7 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
                         seeds: Any = None, isolate: bool = True, metrics: dict[str, bool] | None = None,
                         timeout: float = 900, progress: bool = True, forkserver_preload: Any = None,
                         aa_control: bool | dict = False, warmup: bool | dict = False,
-                        budget_s: float = 0.0, max_rounds: int = 12) -> dict[str, Any]:
+                        budget_s: float = 0.0, max_rounds: int = 12, decide_on: Any = None) -> dict[str, Any]:
     """Run N candidates alternately over R rounds, rotating their order; medians, spreads and verdicts.
 
     candidates: {name: fn | (fn, args) | (fn, args, kwargs) | (fn, args, kwargs, env)}. Each call returns a
@@ -309,8 +309,8 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         graph and every timed call then starts alike, from the cache: no round carries the compiles. A dict
         instead of True overrides those keyword arguments in the untimed calls only (e.g. {"steps": 2}, when the
         graph does not depend on them). Their results are returned as `warmup` {name: value}.
-    budget_s: with aa_control, after `rounds` keep adding whole rounds while some candidate's verdict on the first
-        metric is 'too noisy', the next round fits in `budget_s` seconds counted from the first timed round, and
+    budget_s: with aa_control, after `rounds` keep adding whole rounds while some candidate's verdict on a metric
+        of `decide_on` (default: the first of `metrics`) is 'too noisy', the next round fits in `budget_s` seconds counted from the first timed round, and
         fewer than `max_rounds` ran: the band narrows as rounds are added (a busy neighbour costs time, not a
         verdict). 0 (the default) runs exactly `rounds`. Not with `seeds` (one seed per round is fixed).
     """
@@ -374,6 +374,10 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         raise ValueError("compare_interleaved: budget_s adds rounds, and seeds fixes one seed per round; fix: drop one")
     if not isinstance(max_rounds, int) or max_rounds < rounds:
         raise ValueError(f"compare_interleaved: max_rounds={max_rounds!r} is below rounds={rounds}; fix: max_rounds >= rounds")
+    watched = [next(iter(metrics))] if decide_on is None else list(decide_on)
+    unknown = [m for m in watched if m not in metrics]
+    if unknown:
+        raise ValueError(f"compare_interleaved: decide_on={unknown!r} are not in metrics; fix: one of {list(metrics)}")
     runs: list[dict] = []
 
     def run_round(r: int, items: Any) -> None:
@@ -397,14 +401,14 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
     order = [(r, names[(i + r) % len(names)]) for r in range(rounds) for i in range(len(names))]
     for r, name in bar(order, "interleaved runs"):
         run_round(r, [name])
-    first = next(iter(metrics))
     while aa_control and budget_s and rounds < max_rounds:
-        undecided = [n for n in names if n not in (baseline, aa_name) and (paired(n, first) or ("",))[0] == "too noisy"]
+        undecided = [f"{n} ({m})" for m in watched for n in names
+                     if n not in (baseline, aa_name) and (paired(n, m) or ("",))[0] == "too noisy"]
         per_round = (time.perf_counter() - t0) / rounds
         if not undecided or time.perf_counter() - t0 + per_round > budget_s:
             break
         if progress:
-            print(f"round {rounds + 1}: {', '.join(undecided)} still too noisy on {first}; one more round "
+            print(f"round {rounds + 1}: {', '.join(undecided)} still too noisy; one more round "
                   f"(~{per_round:.0f} s of a {budget_s:.0f} s budget)", flush=True)
         run_round(rounds, [names[(i + rounds) % len(names)] for i in range(len(names))])
         rounds += 1

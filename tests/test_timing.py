@@ -237,6 +237,11 @@ def test_budget_adds_rounds_until_the_verdict_decides():
         compare_interleaved({"base": base}, seeds=[1, 2], isolate=False, progress=False, aa_control=True, budget_s=5)
     with pytest.raises(ValueError, match="max_rounds"):
         compare_interleaved({"base": base}, rounds=3, isolate=False, progress=False, aa_control=True, max_rounds=2)
+    k["calls"] = 0
+    with pytest.raises(ValueError, match="decide_on"):
+        compare_interleaved({"base": base}, rounds=3, isolate=False, progress=False, aa_control=True, budget_s=5,
+                            decide_on=["tokens"])
+    assert k["calls"] == 0                            # refused before any round ran
 
 
 def test_paired_verdict_refuses_misaligned_or_non_positive_rounds():
