@@ -1,5 +1,5 @@
 """What mapping the per-gradient ops saves in the graph compile: the training step's unscale, global norm and
-clip written as tuple comprehensions (one call per parameter and op, how `train._fused_step_cell` was written
+clip written as tuple comprehensions (one call per parameter and op, how `train_step._step_cell` was written
 before) against `train.make_train_step` as it is (HyperMap over a MultitypeFuncGraph).
 
     python -m bench.bench_grad_map [--rounds 3] [--preset mini]
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def comprehension_step(net, optimizer, clip: float):
-    """The k = 1 graph step with the per-gradient ops unrolled, as `train._fused_step_cell` was before HyperMap
+    """The k = 1 graph step with the per-gradient ops unrolled, as `train_step._step_cell` was before HyperMap
     (a frozen copy on purpose: it is the baseline; no dynamic scale, as in the mini preset)."""
     import mindspore as ms
     from mindspore import amp, nn, ops

@@ -369,8 +369,9 @@ def make_scaled_train_step(loss_net: Any, optimizer: Any, *, init_scale: float =
     (data, label). The first call checks the inputs against loss_net.construct's signature and
     raises one ValueError naming the arguments before any gradient is taken. On a step whose
     gradients overflow, the update is skipped and the scale divided by `scale_factor`; after
-    `scale_window` finite steps in a row it is multiplied by it. Needs MindSpore only (no
-    RunConfig): the step is the same as `mshelpers.train.make_train_step`'s with a dynamic scaler.
+    `scale_window` finite steps in a row it is multiplied by it. Needs MindSpore and train_step.py (no
+    RunConfig): the step is `train_step.build_step`'s, the one `mshelpers.train.make_train_step` builds, here
+    with a dynamic scaler (mode "jit" when `jit`, else "pynative").
 
     Returns `step(*inputs) -> ScaledStepResult(loss, finite, scale, grad_norm)` as Python numbers;
     `scale` is the value after this step's adjustment. `step.scaler` is the scaler.
@@ -388,9 +389,11 @@ def make_scaled_train_step(loss_net: Any, optimizer: Any, *, init_scale: float =
         (False, 32768.0)
         >>> r = step(x, y); round(r.loss, 4), r.finite           # the first step's update is intact
         (0.0, True)
+
+    Taught in notebooks/03_mixed_precision.ipynb.
     """
     import mindspore as ms
-    from mindspore import nn, ops
+    from mindspore import nn
 
     if not isinstance(loss_net, nn.Cell):
         raise ValueError(f"make_scaled_train_step: loss_net={type(loss_net).__name__} is not an nn.Cell; "
@@ -417,40 +420,8 @@ def make_scaled_train_step(loss_net: Any, optimizer: Any, *, init_scale: float =
 
     scaler = ms.amp.DynamicLossScaler(scale_value=float(init_scale), scale_factor=scale_factor,
                                       scale_window=scale_window)
-    params = optimizer.parameters
-    clip = float(grad_clip)
-    def forward(*xs):
-        return scaler.scale(loss_net(*xs))
-
-    grad_fn = ms.value_and_grad(forward, None, params)
-    # per-gradient ops mapped over the tuple (HyperMap), as MindSpore's own loss-scale cells write them: the same
-    # kernels and numbers as a tuple comprehension, but a graph compile about 40 % shorter (one mapped graph, not
-    # one unrolled call per parameter; measured on mindformers' mini LLaMA, mshelpers/train.py)
-    from mindspore.ops import composite as C
-    grad_map, times, square_sum = C.HyperMap(), C.MultitypeFuncGraph("times"), C.MultitypeFuncGraph("square_sum")
-
-    @times.register("Tensor", "Tensor")
-    def _times(factor, g):      # a def, not a lambda: the graph parser reads the registered function's source
-        return g * factor.astype(g.dtype)
-
-    @square_sum.register("Tensor")
-    def _square_sum(g):
-        return ops.reduce_sum(ops.square(g.astype(ms.float32)))
-
-    def fused(*xs):
-        loss, grads = grad_fn(*xs)
-        loss, grads = scaler.unscale(loss), scaler.unscale(grads)
-        finite = ms.amp.all_finite(grads)
-        grad_norm = ops.sqrt(ops.addn(grad_map(square_sum, grads)))
-        if clip > 0:
-            factor = ops.minimum(clip / (grad_norm + 1e-6), 1.0)
-            grads = grad_map(ops.partial(times, factor), grads)
-        if finite:
-            optimizer(grads)
-        scaler.adjust(finite)
-        return loss, grad_norm, finite
-
-    inner = ms.jit(fused) if jit else fused
+    inner = _sibling("train_step", "build_step")(loss_net, optimizer, mode="jit" if jit else "pynative",
+                                                 scaler=scaler, clip=grad_clip)
     checked: list[int] = []
 
     def step(*xs: Any) -> ScaledStepResult:

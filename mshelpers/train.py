@@ -59,38 +59,16 @@ def make_loss_scaler(cfg: RunConfig):
     return amp.StaticLossScaler(scale_value=float(cfg.loss_scale))
 
 
-def _per_grad_ops():
-    """(HyperMap, times, square_sum): per-gradient ops mapped over the gradient tuple, as MindSpore's own
-    loss-scale cells write them. The kernels are those of a tuple comprehension and the numbers bitwise the same
-    (checked: losses, gradient norms and loss scales of mini and tiny runs), but the graph compiler gets one
-    mapped graph instead of one unrolled call per parameter and op. Measured on an AMD EPYC (family 25 model
-    17): mini's first graph step (the compile) about 12 s with comprehensions, about 7 s mapped."""
-    import mindspore as ms
-    from mindspore import ops
-    from mindspore.ops import composite as C
-
-    times = C.MultitypeFuncGraph("times")
-
-    @times.register("Tensor", "Tensor")
-    def _times(factor, g):
-        return g * factor.astype(g.dtype)
-
-    square_sum = C.MultitypeFuncGraph("square_sum")
-
-    @square_sum.register("Tensor")
-    def _square_sum(g):
-        return ops.reduce_sum(ops.square(g.astype(ms.float32)))
-
-    return C.HyperMap(), times, square_sum
-
-
 def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callable:
-    """Return step(input_ids) -> (loss, grad_norm, finite, scale), jitted when cfg.mode == "graph".
+    """Return step(input_ids) -> (loss, grad_norm, finite, scale): `train_step.build_step` with cfg's settings, a
+    Cell compiled as one graph when cfg.mode == "graph", a Python function run op by op for "pynative".
 
     Overflowed steps (non-finite gradients) skip the optimizer update; with a dynamic
     scaler the scale halves. With cfg.grad_accum = k the batch is split into k
     micro-batches whose gradients are averaged before one update (GRAPH_MODE: summed in a buffer
     of Parameters by one compiled graph called per micro-batch, then applied by a second graph).
+
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     cache_on = os.environ.get("MS_COMPILER_CACHE_ENABLE", "0") not in ("", "0")
     if cfg.mode == "graph" and cache_on and cfg.grad_accum > 1:
@@ -100,182 +78,16 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
         raise ValueError("make_train_step: MS_COMPILER_CACHE_ENABLE=1 with grad_accum > 1: its two graphs share the "
                          "model's Parameters and train on garbage from a warm cache (MindSpore 2.9); fix: unset "
                          "MS_COMPILER_CACHE_ENABLE for this run, or use grad_accum=1")
-    import mindspore as ms
-    from mindspore import amp, ops
-
     scaler = loss_scaler or make_loss_scaler(cfg)
-    dynamic = cfg.dynamic_loss_scale
-    params = optimizer.parameters
-    clip = float(cfg.grad_clip)
-    k = cfg.grad_accum
+    inner = _sibling("train_step", "build_step")(
+        net, optimizer, mode=cfg.mode, scaler=scaler, dynamic=cfg.dynamic_loss_scale, clip=cfg.grad_clip,
+        accum=cfg.grad_accum)
 
-    def forward(input_ids):
-        return scaler.scale(net(input_ids))
-
-    grad_fn = ms.value_and_grad(forward, None, params)
-
-    def compute_grads(input_ids):
-        loss, grads = grad_fn(input_ids)
-        return scaler.unscale(loss), scaler.unscale(grads)
-
-    grad_map, times, square_sum = _per_grad_ops()
-    from mindspore.ops import composite as C
-
-    def apply_grads(grads):
-        finite = amp.all_finite(grads)
-        grad_norm = ops.sqrt(ops.addn(grad_map(square_sum, grads)))
-        if clip > 0:
-            factor = ops.minimum(clip / (grad_norm + 1e-6), 1.0)   # reuse the norm instead of recomputing it
-            grads = grad_map(ops.partial(times, factor), grads)
-        if finite:
-            optimizer(grads)
-        if dynamic:
-            scaler.adjust(finite)
-        return grad_norm, finite
-
-    def fused_step(input_ids):
-        loss, grads = compute_grads(input_ids)
-        grad_norm, finite = apply_grads(grads)
-        return loss, grad_norm, finite
-
-    add_share = C.MultitypeFuncGraph("add_share")
-
-    @add_share.register("Tensor", "Tensor")
-    def _add_share(a, g):
-        return a + g / k
-
-    def accumulate(acc, grads):
-        return grad_map(add_share, acc, grads)
-
-    if k == 1 or cfg.mode == "graph":
-        # GRAPH_MODE: Cells, not ms.jit functions (a warm compile cache makes a function step read its
-        # closed-over parameters as zeros; k = 1 is safe with the cache, k > 1 is refused above); the same ops
-        # as fused_step. With k > 1 the
-        # gradients collect in a buffer of Parameters (see _fused_step_cell), not in tuples passed between
-        # jitted functions with host round trips (tiny preset, 2 micro-batches, AMD EPYC family 25 model 17,
-        # 6 alternated rounds: 20.4 ms per update, rounds 15.1-26.1, against 47.6 ms, 23.8-121, that way;
-        # the plain step 11.9 ms)
-        step_fn = _fused_step_cell(net, optimizer, scaler, clip, dynamic, k) if cfg.mode == "graph" else fused_step
-
-        def step(input_ids):
-            loss, grad_norm, finite = step_fn(input_ids)
-            return loss, grad_norm, finite, scaler.scale_value
-        step.loss_scaler = scaler     # checkpoints save and restore its state
-        return step
-
-    def accum_step(input_ids):              # PyNative: each micro-batch's gradients, then one update
-        micro = input_ids.shape[0] // k
-        total, acc = 0.0, None
-        for i in range(k):
-            loss, grads = compute_grads(input_ids[i * micro:(i + 1) * micro])
-            acc = tuple(g / k for g in grads) if acc is None else accumulate(acc, grads)
-            total = total + loss / k
-        grad_norm, finite = apply_grads(tuple(acc))
-        return total, grad_norm, finite, scaler.scale_value
-    accum_step.loss_scaler = scaler
-    return accum_step
-
-
-def _fused_step_cell(net, optimizer, scaler, clip: float, dynamic: bool, k: int = 1):
-    """make_train_step's GRAPH_MODE step as an nn.Cell: loss scaling, gradients (summed over k micro-batches of
-    the batch, then divided by k), all_finite, global-norm clip, the update (skipped on overflow) and the dynamic
-    scale's adjustment, with the scaler's state as the Cell's own Parameters. With k > 1 it returns a function
-    over two Cells: one graph, called once per micro-batch, adds that micro-batch's gradients to a
-    gradient-sized buffer of Parameters; the other applies the update from the buffer and zeroes it. The buffer
-    stays on the device, so no gradient tuple crosses into Python between the graphs; and the one gradient
-    graph serves every micro-batch, so one micro-batch's working memory is live at a time. (Peak RSS, 2 x 16
-    sequences of 256 on the tiny preset in GRAPH_MODE: 1350 MiB, against 1995 for 1 x 32; a separate graph per
-    micro-batch, or one graph unrolling all k, held 1879-1889 MiB.) A warm compile cache (MindSpore
-    2.9) drops Parameters the graph reaches through another object: a step that called `scaler.adjust` kept
-    its scale at 2**127 through overflows. So the scale and counter are attributes here (the scaler's own
-    Parameter objects: checkpoints still save them through it) and `DynamicLossScaler.adjust`'s update is
-    written out below."""
-    import mindspore as ms
-    from mindspore import amp, nn, ops
-
-    grad_map, times, square_sum = _per_grad_ops()
-
-    class Scaled(nn.Cell):
-        def __init__(self, net, scale_value):
-            super().__init__(auto_prefix=False)
-            self.net, self.scale_value = net, scale_value
-
-        def construct(self, input_ids):
-            loss = self.net(input_ids)
-            return loss * self.scale_value.astype(loss.dtype)
-
-    class FusedStep(nn.Cell):
-        """k = 1: construct(input_ids), the whole step. accu given: construct(loss_sum), the update from the
-        accumulation buffer (the sum of k micro-batches' scaled gradients), which it then zeroes."""
-        def __init__(self, accu=None):
-            super().__init__(auto_prefix=False)
-            self.optimizer, self.clip, self.dynamic, self.k = optimizer, clip, dynamic, k
-            self.scale_value = scaler.scale_value
-            self.counter = scaler.counter if dynamic else None
-            self.scale_factor = float(scaler.scale_factor) if dynamic else 2.0
-            self.scale_window = int(scaler.scale_window) if dynamic else 1
-            self.from_buffer, self.accu = accu is not None, accu
-            if accu is None:
-                self.grad_fn = ms.value_and_grad(Scaled(net, scaler.scale_value), None, optimizer.parameters)
-            self.map = grad_map
-
-        def construct(self, x):
-            if self.from_buffer:
-                loss, grads = x, self.accu
-            else:
-                loss, grads = self.grad_fn(x)
-            inv = ops.reciprocal(self.scale_value)
-            if self.k > 1:
-                inv = inv / self.k
-            loss = loss * inv.astype(loss.dtype)
-            grads = self.map(ops.partial(times, inv), grads)
-            finite = amp.all_finite(grads)
-            grad_norm = ops.sqrt(ops.addn(self.map(square_sum, grads)))
-            if self.clip > 0:
-                factor = ops.minimum(self.clip / (grad_norm + 1e-6), 1.0)
-                grads = self.map(ops.partial(times, factor), grads)
-            if finite:
-                self.optimizer(grads)
-            if self.dynamic:   # DynamicLossScaler.adjust (MindSpore 2.9), on this Cell's Parameters
-                one = ops.ones((), self.scale_value.dtype)
-                up = self.scale_value * self.scale_factor
-                new = ops.select(finite,
-                                 ops.select(self.counter == (self.scale_window - 1),
-                                            ops.select(ops.isfinite(up), up, self.scale_value), self.scale_value),
-                                 ops.maximum(one, self.scale_value / self.scale_factor))
-                ops.assign(self.scale_value, new)
-                ops.assign(self.counter, ((self.counter + 1) % self.scale_window) * finite)
-            if self.from_buffer:
-                grad_norm = ops.depend(grad_norm, self.map(ops.assign, self.accu, self.map(ops.zeros_like, self.accu)))
-            return loss, grad_norm, finite
-
-    if k == 1:
-        return FusedStep()
-
-    class AccumGrads(nn.Cell):
-        """One micro-batch: its (scaled) gradients added to the buffer."""
-        def __init__(self, accu):
-            super().__init__(auto_prefix=False)
-            self.accu, self.map = accu, grad_map
-            self.grad_fn = ms.value_and_grad(Scaled(net, scaler.scale_value), None, optimizer.parameters)
-
-        def construct(self, input_ids):
-            loss, grads = self.grad_fn(input_ids)
-            return ops.depend(loss, self.map(ops.assign_add, self.accu, grads))
-
-    # the accumulation buffer: one gradient-sized Parameter per trainable parameter (mindformers' accu_grads),
-    # kept on the device between the graphs; each Cell holds it (and the scaler's Parameters) itself
-    accu = ms.ParameterTuple(ms.Parameter(ops.zeros_like(p), name=f"accu_grads.{p.name}", requires_grad=False)
-                             for p in optimizer.parameters)
-    micro_step, apply = AccumGrads(accu), FusedStep(accu)
-
-    def accum_step(input_ids):
-        micro = input_ids.shape[0] // k
-        loss = micro_step(input_ids[:micro])
-        for i in range(1, k):
-            loss = loss + micro_step(input_ids[i * micro:(i + 1) * micro])
-        return apply(loss)
-    return accum_step
+    def step(input_ids):
+        loss, grad_norm, finite = inner(input_ids)
+        return loss, grad_norm, finite, scaler.scale_value
+    step.loss_scaler = scaler     # checkpoints save and restore its state
+    return step
 
 
 class NonFiniteLoss(RuntimeError):

@@ -331,7 +331,7 @@ CALLS: dict[str, str] = {
 # unit tests); here they must still name no sibling.
 NOT_PLAIN: dict[str, set[str]] = {
     "amp": {"auto_mixed_precision", "activation_stats", "NonfiniteReport", "find_first_nonfinite", "DtypeReport",
-            "dtype_report", "ScaledStepResult", "make_scaled_train_step"},
+            "dtype_report", "ScaledStepResult"},
     "checkpoint": {"CorruptCheckpoint", "write_pending", "commit", "save", "read", "load"},
     "compiling": {"capture_compile_error"},
     "data": {"make_dataset"},
@@ -353,16 +353,18 @@ NOT_PLAIN: dict[str, set[str]] = {
     "summary": {"ScalarSummary", "MindInsight"},
     "timing": {"IsolatedResult", "run_isolated", "compare_interleaved"},
     "tuning": {"export_mindir", "load_mindir", "mindir_roundtrip", "TuneResult", "isolated_median_step_s"},
-    "train": {"lr_at", "make_optimizer", "make_loss_scaler", "make_train_step", "NonFiniteLoss", "CollapsedRun",
+    "train_step": {"build_step"},
+    "train": {"lr_at", "make_optimizer", "make_loss_scaler", "NonFiniteLoss", "CollapsedRun",
               "NothingToResume", "RunLocked", "SpikeStorm", "run_lock", "main",
               "Preempted", "StopSignal"},     # StopSignal blocks the process's signals: tested through the CLI
 }
 
 # Functions that compose the cookbook's pipeline: the siblings they need (the whole chain), and a cheap
 # call to make in the folder holding exactly those files ("" = the imports are checked, no call).
-_TRAIN_CHAIN = ("train", "config", "metrics", "peak", "data", "model", "device", "checkpoint", "table", "stability")
+_TRAIN_CHAIN = ("train", "train_step", "config", "metrics", "peak", "data", "model", "device", "checkpoint", "table", "stability")
 NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("amp", "amp_level_run"): (_TRAIN_CHAIN, ""),
+    ("amp", "make_scaled_train_step"): (("train_step",), ""),
     ("compiling", "first_steps"): (("config", "data", "device", "model"), ""),
     ("compiling", "fusion_steps"): (("config", "data", "device", "model"), ""),
     ("doctor", "hardware"): (("peak",), "assert m.hardware('cpu').peak('float32') > 1e9"),
@@ -410,6 +412,7 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("tuning", "TrainStepTimer"): (_TRAIN_CHAIN, ""),
     ("tuning", "isolated_step_times"): (_TRAIN_CHAIN, ""),
     ("train", "train"): (_TRAIN_CHAIN, ""),
+    ("train", "make_train_step"): (("train_step",), ""),
     ("train", "History"): (("metrics",), ""),
     # without a measured peak given, the share of achievable reads the cached one from peak.py
     ("metrics", "share_of_achievable"): (("peak",), """

@@ -139,7 +139,8 @@ def measure_cpu_steps(recomputes: tuple = ("none", "full"), steps: int = 8, *, w
                       run: Any = None, progress: Any = None, keep: dict | None = None) -> dict:
     """Graph-mode step times of the mini model on this rank, one model per recompute setting, their steps
     alternated (ABAB, then BABA...) so that load drifts hit both alike. The step is the DP worker's Cell
-    (`workers/dp_train.py`: value_and_grad, all-reduce mean over `world` ranks, clip, AdamW) with the same
+    (`workers/dp_train.py`: train_step.build_step, the step train() builds: value_and_grad, all-reduce mean over
+    `world` ranks, the norm in float32, clip, AdamW) with the same
     data shards; the first step of each model includes its compile. Returns {"times": {recompute: [seconds
     per step]}, "losses": ...}. `keep`: a dict that holds the built steps, so a second call with the same
     dict continues them (no new compile), e.g. to measure before and after another run."""
@@ -150,7 +151,7 @@ def measure_cpu_steps(recomputes: tuple = ("none", "full"), steps: int = 8, *, w
     build_model = _sibling("model", "build_model")
     make_optimizer = _sibling("train", "make_optimizer")
     numpy_batches = _sibling("data", "numpy_batches")
-    DPStep = _sibling("workers.dp_train", "_dp_step_class")()
+    make_dp_step = _sibling("workers.dp_train", "make_dp_step")
     run = run or RunConfig.preset("mini")
     made = keep if keep is not None else {}
     for rc in recomputes:
@@ -161,7 +162,7 @@ def measure_cpu_steps(recomputes: tuple = ("none", "full"), steps: int = 8, *, w
         net = build_model(cfg)
         opt = make_optimizer(net, cfg)
         reducer = nn.DistributedGradReducer(opt.parameters, mean=True) if world > 1 else None
-        made[rc] = (DPStep(net, opt, reducer, float(cfg.grad_clip)), numpy_batches(cfg, num_shards=world, shard_id=rank))
+        made[rc] = (make_dp_step(net, opt, reducer, float(cfg.grad_clip)), numpy_batches(cfg, num_shards=world, shard_id=rank))
     times = {rc: [] for rc in recomputes}
     losses = {rc: [] for rc in recomputes}
     done, total = 0, steps * len(recomputes)
@@ -170,7 +171,7 @@ def measure_cpu_steps(recomputes: tuple = ("none", "full"), steps: int = 8, *, w
             step, batches = made[rc]
             x = ms.Tensor(next(batches), ms.int32)
             t0 = time.perf_counter()
-            loss, _ = step(x)
+            loss = step(x)[0]
             losses[rc].append(float(loss.asnumpy()))
             times[rc].append(time.perf_counter() - t0)
             done += 1

@@ -25,43 +25,12 @@ def window_id(row: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(row, dtype=np.int32).tobytes(), digest_size=8).hexdigest()
 
 
-def _dp_step_class():
-    from mindspore import nn, ops
-    import mindspore as ms
-
-    from mindspore.ops import composite as C
-    # per-gradient ops mapped over the tuple (HyperMap): the kernels of a tuple comprehension, a shorter compile
-    times, square_sum = C.MultitypeFuncGraph("times"), C.MultitypeFuncGraph("square_sum")
-
-    @times.register("Tensor", "Tensor")
-    def _times(factor, g):      # a def, not a lambda: the graph parser reads the registered function's source
-        return g * factor
-
-    @square_sum.register("Tensor")
-    def _square_sum(g):
-        return ops.reduce_sum(ops.square(g))
-
-    class DPStep(nn.Cell):
-        """value_and_grad -> all-reduce mean (DP) -> clip by global norm -> AdamW; returns (loss, norm)."""
-
-        def __init__(self, net, opt, reducer, clip: float) -> None:
-            super().__init__(auto_prefix=False)
-            self.net, self.opt, self.reducer, self.clip = net, opt, reducer, clip
-            self.grad_fn = ms.value_and_grad(net, None, opt.parameters)
-            self.map = C.HyperMap()
-
-        def construct(self, input_ids):
-            loss, grads = self.grad_fn(input_ids)
-            if self.reducer is not None:
-                grads = self.reducer(grads)        # all-reduce, then divide by world (gradients_mean=True)
-            norm = ops.sqrt(ops.addn(self.map(square_sum, grads)))
-            if self.clip > 0:
-                factor = ops.minimum(self.clip / (norm + 1e-6), 1.0)
-                grads = self.map(ops.partial(times, factor), grads)
-            self.opt(grads)
-            return loss, norm
-
-    return DPStep
+def make_dp_step(net, opt, reducer, clip: float):
+    """The DP worker's step: `train_step.build_step` as a Cell (value_and_grad, the reducer's all-reduce mean,
+    the norm in float32, clip by global norm, AdamW), the step train() builds, without loss scaling.
+    step(input_ids) -> (loss, grad_norm, finite). Taught in notebooks/04_data_parallel.ipynb."""
+    from mshelpers.train_step import build_step
+    return build_step(net, opt, mode="graph", reducer=reducer, clip=clip)
 
 
 def train_dp(cfg, steps: int, *, world: int = 1, rank: int = 0, shard: bool = True, eval_windows: int = 16,
@@ -69,7 +38,7 @@ def train_dp(cfg, steps: int, *, world: int = 1, rank: int = 0, shard: bool = Tr
     """Train cfg for `steps` steps on this rank; return losses, step times, window ids, eval loss, and the
     flat parameters before step 1 ("init_params") and after the last step ("params")."""
     import mindspore as ms
-    from mindspore import nn, ops
+    from mindspore import nn
 
     from mshelpers.data import numpy_batches, windows
     from mshelpers.model import build_model
@@ -86,7 +55,7 @@ def train_dp(cfg, steps: int, *, world: int = 1, rank: int = 0, shard: bool = Tr
     # as zeros: step-1 loss exactly ln(vocab), gradient norm 0, NaN from step 2 under DATA_PARALLEL),
     # while a Cell, whose parameters are graph inputs, trained identically cold and warm
     # (tests/test_compile_cache.py measures both).
-    step = _dp_step_class()(net, opt, reducer, float(cfg.grad_clip))
+    step = make_dp_step(net, opt, reducer, float(cfg.grad_clip))
 
     init_flat = np.concatenate([p.asnumpy().ravel() for p in params])   # the weights before step 1
     init_sum = float(np.abs(init_flat).sum())
@@ -100,7 +69,7 @@ def train_dp(cfg, steps: int, *, world: int = 1, rank: int = 0, shard: bool = Tr
         batch = next(batches)
         seen += [window_id(r) for r in batch]
         t0 = time.perf_counter()
-        loss, norm = step(ms.Tensor(batch, ms.int32))
+        loss, norm, _ = step(ms.Tensor(batch, ms.int32))
         losses.append(float(loss.asnumpy()))
         times.append(time.perf_counter() - t0)
         norms.append(float(norm.asnumpy()))
