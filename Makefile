@@ -8,7 +8,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 .PHONY: venv cookbook outputs test unit nbval e2e chromium lab bench bench-pytorch mutate clean
 venv: $(STAMP)
 
-# uv installs the pinned stack faster than pip (same versions: tests/README.md). --compile-bytecode: this
+# uv installs the pinned stack faster than pip (same versions: docs/measurements.md). --compile-bytecode: this
 # machine sets PYTHONDONTWRITEBYTECODE=1, so without .pyc files every process would compile MindSpore and
 # mindformers from source (the unit tests took 671 s instead of 433)
 $(STAMP): requirements.txt pyproject.toml
@@ -58,7 +58,7 @@ NB_SOLO := notebooks/00_environment.ipynb notebooks/04_data_parallel.ipynb noteb
 # Longest first (seconds two at a time, 2026-12-01: 09 432, 03 329, 02 196, 06 169, 07 162, the rest under 75),
 # in this order: a free worker takes the next file, so the longest must not start last. NBVAL_PIN_CORES=1 keeps each
 # worker, and every kernel and process it starts, to one core of its own (conftest.py): unpinned, the two kernels'
-# thread pools trade both cores back and forth (tests/README.md, stop 44, for the figures). xdist would sort
+# thread pools trade both cores back and forth (docs/measurements.md for the figures). xdist would sort
 # the files by cell count instead (09 has 11 cells), hence --no-loadscope-reorder.
 NB_LONGEST := notebooks/09_evaluation_report.ipynb notebooks/03_mixed_precision.ipynb notebooks/02_graph_mode.ipynb \
               notebooks/06_recompute_memory.ipynb notebooks/07_mindir_aoe.ipynb
