@@ -680,21 +680,6 @@ class PeakMemory:
         return self.peak_bytes / 2**20
 
 
-def _rss_bytes(field: str = "VmRSS") -> int:
-    """Current (VmRSS) or peak (VmHWM) resident set size from /proc, else ru_maxrss."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-    import sys
-    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return ru if sys.platform == "darwin" else ru * 1024
-
-
 def _peak_child(fn: Callable, args: tuple, kwargs: dict, preload: tuple[str, ...], quiet: bool = False) -> dict:
     """Runs inside the spawned process: preload, baseline, run, read the peaks."""
     import importlib
@@ -704,9 +689,10 @@ def _peak_child(fn: Callable, args: tuple, kwargs: dict, preload: tuple[str, ...
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
+    rss_mb = _sibling("timing", "_rss_mb")            # MiB from KiB: x 2**20 gives the bytes back exactly
     for name in preload:
         importlib.import_module(name)
-    baseline = _rss_bytes("VmRSS")
+    baseline = int(rss_mb("VmRSS") * 2**20)
     t0 = time.perf_counter()
     value = fn(*args, **kwargs)
     wall = time.perf_counter() - t0
@@ -715,7 +701,7 @@ def _peak_child(fn: Callable, args: tuple, kwargs: dict, preload: tuple[str, ...
         ms = sys.modules["mindspore"]
         target = ms.get_context("device_target")
         device_peak = int(ms.runtime.max_memory_allocated()) if target in ("Ascend", "GPU") else 0
-    return {"value": value, "wall_s": wall, "baseline": baseline, "peak_rss": _rss_bytes("VmHWM"),
+    return {"value": value, "wall_s": wall, "baseline": baseline, "peak_rss": int(rss_mb("VmHWM") * 2**20),
             "device_peak": device_peak}
 
 
@@ -730,7 +716,7 @@ def measure_peak(fn: Callable, *args: Any, preload: tuple[str, ...] = (), quiet:
     `quiet` sends the child's stdout/stderr to /dev/null (a failure still raises here,
     with the child's traceback).
     `fn` must be importable from a module file (not defined in a notebook cell); its
-    arguments and return value must pickle. Needs no sibling module (its own spawn runner).
+    arguments and return value must pickle. Needs timing.py beside it (the fresh-process runner).
 
         >>> from mshelpers.memory import measure_peak
         >>> r = measure_peak(allocate_bytes, 200 * 2**20)        # doctest: +SKIP
@@ -746,55 +732,13 @@ def measure_peak(fn: Callable, *args: Any, preload: tuple[str, ...] = (), quiet:
                          "fix: define it at the top level of a .py module and import it")
     if isinstance(preload, str):
         preload = (preload,)
-    out = _run_spawned(_peak_child, (fn, args, kwargs, tuple(preload), quiet), timeout, env, fn)
+    run_child = _sibling("timing", "_run_child")
+    out = run_child(_peak_child, (fn, args, kwargs, tuple(preload), quiet), {}, timeout=timeout, env=env,
+                    who="measure_peak", name=getattr(fn, "__name__", repr(fn)))[0]
     device = out["device_peak"]
     return PeakMemory(value=out["value"], peak_bytes=device if device else out["peak_rss"],
                       source="device" if device else "rss", peak_rss_bytes=out["peak_rss"],
                       baseline_rss_bytes=out["baseline"], device_peak_bytes=device, wall_s=out["wall_s"])
-
-
-def _spawn_child(conn: Any, env: dict, payload: bytes) -> None:   # runs in the fresh process
-    import pickle
-    import traceback
-    # The child's own environment is set here, before the payload is unpickled: unpickling `target`
-    # imports its module (which may import MindSpore), and MindSpore reads MS_* variables at import.
-    # Mutating the parent's os.environ around p.start() instead races when two threads spawn at once.
-    os.environ.update(env)
-    try:
-        target, args = pickle.loads(payload)
-        conn.send(("ok", target(*args)))
-    except BaseException as e:  # noqa: BLE001 - forwarded to the parent
-        conn.send(("err", f"{type(e).__name__}: {e}", traceback.format_exc()))
-    finally:
-        conn.close()
-
-
-def _run_spawned(target: Callable, args: tuple, timeout: float, env: dict | None, fn: Callable) -> Any:
-    """target(*args) in a fresh spawned process (the few lines of timing.run_isolated this module needs).
-
-    `env` is applied inside the child only; the parent's os.environ is never touched, so
-    concurrent calls from several threads (measure_peaks(parallel=2)) each get their own."""
-    import multiprocessing as mp
-    import pickle
-    name = getattr(fn, "__name__", repr(fn))
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    payload = pickle.dumps((target, args))
-    p = ctx.Process(target=_spawn_child, args=(child, {k: str(v) for k, v in (env or {}).items()}, payload))
-    p.start()
-    child.close()
-    if not parent.poll(timeout):
-        p.kill()
-        raise TimeoutError(f"measure_peak: {name} did not finish within timeout={timeout}s")
-    try:
-        msg = parent.recv()
-    except EOFError:
-        p.join()
-        raise RuntimeError(f"measure_peak: the child running {name} died with exit code {p.exitcode}") from None
-    p.join()
-    if msg[0] == "err":
-        raise RuntimeError(f"measure_peak: {name} failed in the child: {msg[1]}\n{msg[2]}")
-    return msg[1]
 
 
 def measure_peaks(fn: Callable, arg_tuples: list[tuple], *, parallel: int = 1, **kwargs: Any) -> list[PeakMemory]:

@@ -115,17 +115,15 @@ def peak_memory_mb() -> float:
                 return dev / 2**20
         except Exception:  # noqa: BLE001
             pass
-    try:   # VmHWM: this process's own peak (ru_maxrss survives fork+exec and would show a parent's)
+    # timing.peak_rss_mb is the reader; these lines of it are inlined because StepLogger logs this every step
+    # and metrics works copied alone. VmHWM: this process's own peak (ru_maxrss survives fork+exec: a parent's).
+    try:
         with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-    import sys
-    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return ru / 2**20 if sys.platform == "darwin" else ru / 1024
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        import resource
+        ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return ru / 2**20 if sys.platform == "darwin" else ru / 1024
 
 
 COLUMNS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "mfu",
@@ -333,3 +331,142 @@ def summarize(rows: list[dict], skip_first: int = 1) -> dict[str, Any]:
                 overflow_steps=sum(bool(r["overflow"]) for r in rows),
                 spike_steps=sum(bool(r.get("spike", False)) for r in rows),
                 nonfinite_losses=sum(not math.isfinite(r["loss"]) for r in rows))
+
+
+# --- the metrics CSV of a training run: append-only, cut back on resume ---
+class MetricsCSV:
+    """metrics.csv, append-only: one line per step, flushed as it is written.
+
+    A resume keeps the rows up to the checkpoint's step exactly as they were written (values untouched),
+    drops the rest by writing a new file and renaming it over the old one (a kill mid-way leaves either
+    file whole), and repairs a torn last line (a crash mid-write) by dropping it. `train.train` writes one per run.
+    Taught in notebooks/01_pynative_baseline.ipynb (the CSV every run writes).
+    """
+
+    def __init__(self, path: Path, columns: list[str]) -> None:
+        self.path, self.columns, self._f = path, list(columns), None
+
+    def _replace_with(self, lines: list[str]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".tmp-{os.getpid()}-{self.path.name}")
+        try:
+            with tmp.open("w", newline="") as f:
+                f.write("".join(line + "\n" for line in [",".join(self.columns), *lines]))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def start_fresh(self) -> None:
+        self._replace_with([])
+
+    def keep_upto(self, step: int, loss: float | None = None) -> tuple[list[dict], str]:
+        """Keep rows with step <= `step`; return them parsed and a note on what was repaired or missing.
+
+        Steps must rise: a row whose step repeats or runs backwards is dropped and reported. For the
+        checkpoint's own step, the row whose loss equals the checkpoint's recorded `loss` is the one kept.
+        """
+        import csv
+        import io
+        parse_cell = _sibling("table", "parse_cell")
+        notes = []
+        raw = self.path.read_bytes().decode("utf-8", errors="replace") if self.path.exists() else ""
+        lines = raw.split("\n")
+        if lines[-1]:
+            notes.append(f"dropped a torn last line ({lines[-1][:40]!r}...)")
+        lines = lines[:-1]
+        cands = []                                   # (line number, step, line, row) of well-formed rows
+        if lines:
+            header = next(csv.reader([lines[0]]))
+            for n, line in enumerate(lines[1:], start=2):
+                vals = next(csv.reader([line]), [])
+                if len(vals) != len(header):
+                    notes.append(f"dropped a malformed line ({line[:40]!r})")
+                    continue
+                r = dict(zip(header, vals))
+                try:
+                    st = int(r["step"])
+                except (KeyError, ValueError):
+                    notes.append(f"dropped a line without a step ({line[:40]!r})")
+                    continue
+                if st <= step:
+                    cands.append((n, st, line, r))
+        at = [c for c in cands if c[1] == step]
+        if loss is not None and at:
+            def matches(c):
+                try:
+                    return float(c[3].get("loss", "nan")) == loss
+                except ValueError:
+                    return False
+            real = next((c for c in at if matches(c)), None)
+            if real is None:
+                notes.append(f"no row for step {step} has the checkpoint's loss {loss!r}; kept line {at[0][0]}")
+            elif real is not at[0]:
+                cands = [c for c in cands if c[1] != step or c is real]
+                notes.append(f"kept line {real[0]} for step {step} (its loss matches the checkpoint's), "
+                             f"dropped line{'s' if len(at) > 2 else ''} "
+                             f"{', '.join(str(c[0]) for c in at if c is not real)}")
+        kept_lines, rows, last, dropped = [], [], 0, []
+        for n, st, line, r in cands:
+            if st <= last:                           # a repeat, or running backwards
+                dropped.append(f"step {st} at line {n} after step {last}")
+                continue
+            last = st
+            if header != self.columns:   # an older column set: re-serialise under the current header
+                buf = io.StringIO()
+                csv.DictWriter(buf, fieldnames=self.columns, extrasaction="ignore", lineterminator="").writerow(r)
+                line = buf.getvalue()
+            kept_lines.append(line)
+            rows.append({k: parse_cell(r.get(k, "")) for k in self.columns})
+        if dropped:
+            notes.append(f"dropped {len(dropped)} row{'s' if len(dropped) > 1 else ''} whose step repeats or runs "
+                         f"backwards ({'; '.join(dropped[:5])}), keeping the first of each")
+        seen = {r["step"] for r in rows}
+        missing = sorted(set(range(1, step + 1)) - seen)
+        if missing:
+            notes.append(f"metrics.csv has no rows for {len(missing)} of steps 1..{step} (e.g. step {missing[0]}); "
+                         "those steps ran before the checkpoint and are not redone")
+        self._replace_with(kept_lines)
+        return rows, "; ".join(notes)
+
+    def _gone(self) -> bool:
+        """The file we append to was deleted or replaced under us."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        f = os.fstat(self._f.fileno())
+        return (st.st_ino, st.st_dev) != (f.st_ino, f.st_dev)
+
+    def _recreate(self, rows: list[dict]) -> None:
+        import csv
+        import io
+        import sys
+        self._f.close()
+        self._f = None
+        buf = io.StringIO()
+        csv.DictWriter(buf, fieldnames=self.columns, extrasaction="ignore", lineterminator="\n").writerows(rows)
+        self._replace_with(buf.getvalue().splitlines())
+        span = f"steps {rows[0]['step']}..{rows[-1]['step']}" if rows else "no rows"
+        print(f"{self.path} disappeared during the run; re-created it from the {len(rows)} rows held in memory "
+              f"({span}); no row lost", file=sys.stderr, flush=True)
+
+    def append(self, row: dict, rows: list[dict] | None = None) -> None:
+        """Append `row`; with `rows` (every row so far, this one included) a deleted file is re-created."""
+        import csv
+        if self._f is not None and rows is not None and self._gone():
+            self._recreate(rows)
+            return
+        if self._f is None:
+            self._f = self.path.open("a", newline="")
+            self._w = csv.DictWriter(self._f, fieldnames=self.columns, extrasaction="ignore")
+        self._w.writerow(row)
+        self._f.flush()
+
+    def close(self, rows: list[dict] | None = None) -> None:
+        if self._f is not None and rows is not None and self._gone():
+            self._recreate(rows)
+        if self._f is not None:
+            self._f.close()
+            self._f = None

@@ -38,21 +38,31 @@ class Benchmark:
             print(f"{self.name}: {self.elapsed * 1e3:.1f} ms")
 
 
+# --- this process's resident set: the one VmHWM reader (metrics.peak_memory_mb inlines its few lines) ---
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MiB.
+    """Peak resident set size of this process so far, in MiB. Taught in notebooks/02_graph_mode.ipynb.
 
     On Linux this reads VmHWM from /proc/self/status: `getrusage().ru_maxrss` survives
     fork+exec, so a fresh child would report its (large) parent's peak instead of its own.
     """
+    return _rss_mb("VmHWM")
+
+
+def _rss_mb(field: str = "VmRSS") -> float:
+    """`field` of /proc/self/status in MiB: VmRSS (resident now) or VmHWM (the peak so far); where /proc has
+    no such line, the peak from getrusage (KiB on Linux, bytes on macOS)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
     ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return ru / 2**20 if sys.platform == "darwin" else ru / 1024
+
+
+# --- fresh processes: the one spawn-a-child helper (run_isolated here, memory_probe.measure_peak) ---
 
 
 @dataclass
@@ -125,8 +135,20 @@ def run_isolated(fn: Callable, *args: Any, timeout: float = 900, env: dict | Non
             raise ValueError(f"run_isolated: forkserver_preload={list(forkserver_preload)!r} with env={sorted(env)!r}: "
                              "the server imported MindSpore before the child could set them; fix: pass env without "
                              "forkserver_preload (spawn)")
-    import pickle
     ctx = _forkserver(tuple(forkserver_preload)) if forkserver_preload is not None else mp.get_context("spawn")
+    value, wall_s, peak = _run_child(fn, args, kwargs, timeout=timeout, env=env, ctx=ctx, who="run_isolated")
+    return IsolatedResult(value=value, wall_s=wall_s, peak_rss_mb=peak)
+
+
+def _run_child(fn: Callable, args: tuple, kwargs: dict, *, timeout: float, env: dict | None, who: str,
+               name: str | None = None, ctx: Any = None) -> tuple[Any, float, float]:
+    """(value, wall seconds, peak RSS MiB) of fn(*args, **kwargs) in a fresh process of `ctx` (default: spawn).
+
+    `env` is set inside the child only, so concurrent calls from threads each get their own. A failure, a
+    timeout or a dead child raises one error naming `who` (the public caller) and `name` (default fn's name)."""
+    import pickle
+    name = name or getattr(fn, "__name__", repr(fn))
+    ctx = ctx or mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     payload = pickle.dumps((fn, args, kwargs))
     p = ctx.Process(target=_child, args=(child, {k: str(v) for k, v in (env or {}).items()}, payload))
@@ -134,16 +156,16 @@ def run_isolated(fn: Callable, *args: Any, timeout: float = 900, env: dict | Non
     child.close()
     if not parent.poll(timeout):
         p.kill()
-        raise TimeoutError(f"run_isolated: {fn.__name__} did not finish within timeout={timeout}s")
+        raise TimeoutError(f"{who}: {name} did not finish within timeout={timeout}s")
     try:
         msg = parent.recv()
     except EOFError:
         p.join()
-        raise RuntimeError(f"run_isolated: child running {fn.__name__} died with exit code {p.exitcode}")
+        raise RuntimeError(f"{who}: the child running {name} died with exit code {p.exitcode}") from None
     p.join()
     if msg[0] == "err":
-        raise RuntimeError(f"run_isolated: {fn.__name__} failed in the child: {msg[1]}\n{msg[2]}")
-    return IsolatedResult(value=msg[1], wall_s=msg[2], peak_rss_mb=msg[3])
+        raise RuntimeError(f"{who}: {name} failed in the child: {msg[1]}\n{msg[2]}")
+    return msg[1], msg[2], msg[3]
 
 
 # ------------------------------------------------------------------ verdicts: win, regression, within noise, too noisy

@@ -257,24 +257,6 @@ def test_allocate_bytes_touches_what_it_is_asked_and_holds():
         memory.allocate_bytes(-1)
 
 
-def _proc_status_kib(field):
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
-
-
-def test_rss_is_read_from_proc_and_falls_back_to_getrusage():
-    import resource
-    assert 10 * 2**20 < memory._rss_bytes() <= memory._rss_bytes("VmHWM")      # bytes, not KiB
-    memory.allocate_bytes(256 * 2**20)              # freed on return: the peak stays, the current RSS falls back
-    assert memory._rss_bytes() < memory._rss_bytes("VmHWM") - 200 * 2**20
-    assert abs(memory._rss_bytes() - _proc_status_kib("VmRSS") * 1024) < 16 * 2**20
-    lo, got, hi = _proc_status_kib("VmHWM"), memory._rss_bytes("VmHWM"), _proc_status_kib("VmHWM")
-    assert lo * 1024 <= got <= hi * 1024                  # the peak only grows: bracketed, exact in KiB
-    ru = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024     # Linux: KiB
-    lo, got, hi = ru(), memory._rss_bytes("NoSuchField"), ru()
-    assert lo <= got <= hi
-
-
 def test_the_child_body_preloads_then_measures_the_work_alone(tmp_path, monkeypatch):
     import functools
     import sys
@@ -306,20 +288,6 @@ def test_the_child_body_preloads_then_measures_the_work_alone(tmp_path, monkeypa
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
     assert got == (os.devnull, os.devnull)
-
-
-def test_a_spawned_child_returns_raises_times_out_or_dies_with_one_clear_error():
-    import os
-    import time
-    assert memory._run_spawned(os.getenv, ("MSH_SPAWN_VAR",), 120, {"MSH_SPAWN_VAR": 7}, os.getenv) == "7"
-    assert "MSH_SPAWN_VAR" not in os.environ
-    assert memory._run_spawned(os.getenv, ("MSH_SPAWN_VAR",), 120, None, os.getenv) is None
-    with pytest.raises(RuntimeError, match=r"measure_peak: int failed in the child: ValueError: invalid literal"):
-        memory._run_spawned(int, ("x",), 120, None, int)
-    with pytest.raises(RuntimeError, match=r"measure_peak: the child running _exit died with exit code 3"):
-        memory._run_spawned(os._exit, (3,), 120, None, os._exit)
-    with pytest.raises(TimeoutError, match=r"measure_peak: sleep did not finish within timeout=1.5s"):
-        memory._run_spawned(time.sleep, (60,), 1.5, None, time.sleep)
 
 
 def test_a_peak_in_a_fresh_process_reports_every_field():

@@ -95,6 +95,56 @@ def test_forkserver_preload_with_env_is_refused_in_one_line():
                             forkserver_preload=PRELOAD, progress=False)
 
 
+# --- this process's RSS and the spawn helper (one copy each, used by memory_probe.measure_peak too) ---
+def _proc_status_kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
+
+
+def _touch(n_bytes):
+    buf = bytearray(n_bytes)
+    buf[::4096] = b"\1" * len(range(0, n_bytes, 4096))     # every page written, so resident; freed on return
+    return len(buf)
+
+
+def test_rss_is_read_from_proc_and_falls_back_to_getrusage():
+    import resource
+    from mshelpers import timing
+    assert 10 < timing._rss_mb() <= timing._rss_mb("VmHWM")                 # MiB, not KiB
+    _touch(256 * 2**20)                  # freed on return: the peak stays, the current RSS falls back
+    assert timing._rss_mb() < timing._rss_mb("VmHWM") - 200
+    assert abs(timing._rss_mb() - _proc_status_kib("VmRSS") / 1024) < 16
+    for read in (lambda: timing._rss_mb("VmHWM"), timing.peak_rss_mb):
+        lo, got, hi = _proc_status_kib("VmHWM"), read(), _proc_status_kib("VmHWM")
+        assert lo / 1024 <= got <= hi / 1024         # the peak only grows: bracketed, exact in KiB / 1024
+        assert got * 2**20 == int(got * 2**20) and int(got * 2**20) % 1024 == 0     # whole KiB, back to bytes exactly
+    ru = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024     # Linux: KiB
+    lo, got, hi = ru(), timing._rss_mb("NoSuchField"), ru()
+    assert lo <= got <= hi
+
+
+def test_a_spawned_child_returns_raises_times_out_or_dies_with_one_clear_error():
+    import time
+    from mshelpers.timing import _run_child
+
+    def run(fn, args, timeout=120, env=None):
+        return _run_child(fn, args, {}, timeout=timeout, env=env, who="measure_peak")
+    value, wall_s, peak_mb = run(os.getenv, ("MSH_SPAWN_VAR",), env={"MSH_SPAWN_VAR": 7})
+    assert value == "7" and 0 <= wall_s < 60 and peak_mb > 1
+    assert "MSH_SPAWN_VAR" not in os.environ
+    assert run(os.getenv, ("MSH_SPAWN_VAR",))[0] is None
+    with pytest.raises(RuntimeError, match=r"measure_peak: int failed in the child: ValueError: invalid literal"):
+        run(int, ("x",))
+    with pytest.raises(RuntimeError, match=r"measure_peak: the child running _exit died with exit code 3"):
+        run(os._exit, (3,))
+    with pytest.raises(TimeoutError, match=r"measure_peak: sleep did not finish within timeout=1.5s"):
+        run(time.sleep, (60,), timeout=1.5)
+    with pytest.raises(RuntimeError, match=r"run_isolated: the child running _exit died with exit code 4"):
+        run_isolated(os._exit, 4)
+    with pytest.raises(TimeoutError, match=r"who: nap did not finish within timeout=1.5s"):
+        _run_child(time.sleep, (60,), {}, timeout=1.5, env=None, who="who", name="nap")
+
+
 def test_compare_interleaved_passes_the_preload_to_every_run():
     from mshelpers.timing import compare_interleaved
     out = compare_interleaved({"a": (allocate_mb, (1,)), "b": (allocate_mb, (2,))}, rounds=2,
