@@ -254,3 +254,22 @@ def test_the_timing_manifest_check_can_fail():
         check_timing_manifest({"x": {"notebook": {}}}, {})
     assert len(TIMING_LINE.findall("✓ a: x  [verdict=win, expected=win]\nTOO NOISY to decide b against a: ...\n"
                                    "undecided beforehand, measured: c  [verdict=within noise; not a claim]")) == 3
+
+
+# ---------------------------------------------------------------- README's figures are the committed run's
+def test_readme_figures_are_the_committed_runs(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import readme_figures
+    block = readme_figures.current()
+    assert block is not None, "README.md lost its generated-figures block (tests/readme_figures.py markers)"
+    assert block == readme_figures.render(), ("README's figures differ from the committed run's; fix: "
+                                              "`python tests/readme_figures.py` (make outputs runs it)")
+    # the check can fail: a typed figure inside the block is caught
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n" + block.replace("measured MatMul peak", "measured MatMul peak 1") + "\nend\n")
+    assert readme_figures.current(readme) != readme_figures.render()
+    assert readme_figures.write(readme) and readme_figures.current(readme) == readme_figures.render()
+    assert readme.read_text().startswith("intro\n") and readme.read_text().endswith("\nend\n")
+    bare = tmp_path / "bare.md"
+    bare.write_text("no block\n")
+    assert not readme_figures.write(bare) and bare.read_text() == "no block\n"
