@@ -27,6 +27,9 @@ Files read (MindSpore 2.9):
 - Ascend: `<run>_ascend_ms/ASCEND_PROFILER_OUTPUT/op_statistic.csv`, `kernel_details.csv`
 - both: `<run>_ascend_ms/ASCEND_PROFILER_OUTPUT/trace_view.json` (Chrome trace format; open it in
   https://ui.perfetto.dev or MindStudio Insight).
+
+The window's pictures are in `mshelpers.profile_plots`, per-rank step times in `mshelpers.stragglers`. This
+module holds the whole path from a window to a diagnosis, because notebook 11 copies it alone and runs that path.
 """
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ _OP_PROCESS_NAMES = ("CPU OP", "Ascend Hardware", "HCCL", "GPU OP")
 @dataclass
 class ProfileRun:
     """What `profile_steps` measured. Times are wall-clock; windows are epoch microseconds,
-    the same clock as `trace_view.json`'s `ts`."""
+    the same clock as `trace_view.json`'s `ts`. Taught in notebooks/08_profiling.ipynb."""
 
     profile_dir: Path                                   # the `*_ascend_ms` folder the profiler wrote
     step_times_s: list[float]                           # every step, profiled or not
@@ -106,6 +109,8 @@ def profile_steps(step_fn: Callable[..., Any], *, wait: int = 1, warmup: int = 1
         >>> run = profile_steps(lambda: step(x).asnumpy(), active=3, output_dir=tempfile.mkdtemp())
         >>> run.trace_path.exists(), len(run.active_step_times_s)
         (True, 3)
+
+    Taught in notebooks/08_profiling.ipynb (used in 11_your_own_model.ipynb).
     """
     if not callable(step_fn):
         raise ValueError(f"profile_steps: step_fn={step_fn!r} is not callable; fix: pass a function "
@@ -201,7 +206,8 @@ class _output_to:
 
 # ----------------------------------------------------------------------------- locating files
 def find_profile_dirs(root: str | os.PathLike) -> list[Path]:
-    """All `*_ascend_ms` folders under `root` (or `[root]` if it is one), oldest first."""
+    """All `*_ascend_ms` folders under `root` (or `[root]` if it is one), oldest first.
+    Taught in notebooks/08_profiling.ipynb, through op_type_table and load_trace."""
     root = Path(root)
     if root.name.endswith("_ascend_ms"):
         return [root]
@@ -245,6 +251,8 @@ def op_type_table(where: "str | os.PathLike | ProfileRun") -> list[dict]:
 
     Reads Ascend's `ASCEND_PROFILER_OUTPUT/op_statistic.csv` when present, else the CPU table
     `FRAMEWORK/cpu_op_type_info_*.csv` (summed over ranks if there are several files).
+
+    Taught in notebooks/08_profiling.ipynb.
     """
     d = _profile_dir(where)
     ascend = d / "ASCEND_PROFILER_OUTPUT" / "op_statistic.csv"
@@ -278,6 +286,8 @@ def top_ops(where: "str | os.PathLike | ProfileRun", k: int = 10) -> list[dict]:
     """The `k` op instances with the largest total time: op_name, op_type, count, total_ms, avg_ms, share.
 
     Reads Ascend's `kernel_details.csv` when present, else `FRAMEWORK/cpu_op_detail_info_*.csv`.
+
+    Taught in notebooks/08_profiling.ipynb.
     """
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"top_ops: k={k!r} is invalid; fix: pass an integer >= 1")
@@ -311,7 +321,8 @@ def top_ops(where: "str | os.PathLike | ProfileRun", k: int = 10) -> list[dict]:
 
 # ----------------------------------------------------------------------------- trace timeline
 def load_trace(where: "str | os.PathLike | ProfileRun") -> list[dict]:
-    """Events of `trace_view.json` with numeric `ts`/`dur` (µs) and a `process` name added."""
+    """Events of `trace_view.json` with numeric `ts`/`dur` (µs) and a `process` name added.
+    Taught in notebooks/08_profiling.ipynb."""
     if isinstance(where, ProfileRun):
         path = where.trace_path
     else:
@@ -340,7 +351,8 @@ def load_trace(where: "str | os.PathLike | ProfileRun") -> list[dict]:
 
 
 def op_events(events: Iterable[dict]) -> list[dict]:
-    """The events that are operator executions (CPU kernels, Ascend tasks, HCCL), sorted by start."""
+    """The events that are operator executions (CPU kernels, Ascend tasks, HCCL), sorted by start.
+    Taught in notebooks/08_profiling.ipynb."""
     ops = [e for e in events
            if e.get("process") in _OP_PROCESS_NAMES or e.get("args", {}).get("type") == "HostCpuOps"]
     return sorted(ops, key=lambda e: e["ts"])
@@ -395,7 +407,7 @@ def step_breakdown(where: "str | os.PathLike | ProfileRun | list[dict]", *,
     On Ascend, the trace's "Overlap Analysis" process (Computing / Communication(Not Overlapped) /
     Free) is used directly. Without step windows (a bare trace file) the window is first op start to
     last op end, so host time outside that span is not counted. Returns totals in ms, shares (0..1)
-    and a per-step list.
+    and a per-step list. Taught in notebooks/08_profiling.ipynb.
     """
     if isinstance(where, ProfileRun):
         step_windows_us = step_windows_us or where.step_windows_us
@@ -461,7 +473,7 @@ def step_breakdown(where: "str | os.PathLike | ProfileRun | list[dict]", *,
 # ----------------------------------------------------------------------------- diagnosis
 @dataclass(frozen=True)
 class Diagnosis:
-    """A bottleneck class, the rule that chose it and the numbers it used."""
+    """A bottleneck class, the rule that chose it and the numbers it used. Taught in notebooks/08_profiling.ipynb."""
 
     bottleneck: str            # "compute-bound" | "communication-bound" | "data-bound" | "launch/host-bound"
     rule: str
@@ -497,6 +509,8 @@ def diagnose(breakdown: dict, *, threshold: float = 0.3) -> Diagnosis:
         >>> diagnose({"compute_share": 0.5, "communication_share": 0.05, "data_share": 0.4,
         ...           "host_share": 0.05}).bottleneck
         'data-bound'
+
+    Taught in notebooks/08_profiling.ipynb.
     """
     need = ("compute_share", "communication_share", "data_share", "host_share")
     if not isinstance(breakdown, dict) or any(k not in breakdown for k in need):
@@ -539,6 +553,8 @@ def window_coverage(run: "ProfileRun", *, events: list[dict] | None = None) -> d
         >>> ev = [{"ts": 0.0, "dur": 40.0, "process": "CPU OP"}, {"ts": 90.0, "dur": 20.0, "process": "CPU OP"}]
         >>> window_coverage(ProfileRun(Path("."), [1e-4], [0.0], [0], step_windows_us=[(0.0, 100.0)]), events=ev)
         {'trace_op_ms': 0.06, 'in_windows_ms': 0.05, 'coverage': 0.8333333333333334, 'windows': 1}
+
+    Taught in notebooks/08_profiling.ipynb.
     """
     if not isinstance(run, ProfileRun) or not run.step_windows_us:
         raise ValueError("window_coverage: run must be the ProfileRun returned by profile_steps (it carries the "
@@ -573,6 +589,8 @@ def diagnosis_margin(breakdown: dict, *, threshold: float = 0.3, min_steps: int 
         >>> m = diagnosis_margin(b)
         >>> m["bottleneck"], m["verdict"], round(m["margin"], 3), round(m["step_range"], 3)
         ('compute-bound', 'undecided', 0.02, 0.08)
+
+    Taught in notebooks/08_profiling.ipynb.
     """
     d = diagnose(breakdown, threshold=threshold)
     if not isinstance(min_steps, int) or min_steps < 2:
@@ -590,119 +608,9 @@ def diagnosis_margin(breakdown: dict, *, threshold: float = 0.3, min_steps: int 
 
 
 def overhead_ratio(profiled_step_s: Sequence[float], plain_step_s: Sequence[float]) -> float:
-    """Median profiled step time over median plain step time (1.0 = no overhead)."""
+    """Median profiled step time over median plain step time (1.0 = no overhead).
+    Taught in notebooks/08_profiling.ipynb, which compares profiled and plain steps with claim_timing."""
     if not len(profiled_step_s) or not len(plain_step_s):
         raise ValueError("overhead_ratio: both step-time lists must be non-empty; fix: time at least one "
                          "step with and one without the profiler")
     return statistics.median(profiled_step_s) / statistics.median(plain_step_s)
-
-
-# ----------------------------------------------------------------------------- plots
-def plot_op_breakdown(rows: Sequence[dict], *, top: int = 12, ax: Any = None, title: str | None = None):
-    """Horizontal bars of total ms per op type (rows from `op_type_table`); the rest is grouped as 'other'."""
-    if not rows:
-        raise ValueError("plot_op_breakdown: rows is empty; fix: pass op_type_table(run)")
-    import matplotlib.pyplot as plt
-    rows = sorted(rows, key=lambda r: r["total_ms"], reverse=True)
-    shown = list(rows[:top])
-    rest = sum(r["total_ms"] for r in rows[top:])
-    labels = [r["op_type"] for r in shown] + (["other"] if rest > 0 else [])
-    values = [r["total_ms"] for r in shown] + ([rest] if rest > 0 else [])
-    total = sum(values) or 1.0
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 0.35 * len(labels) + 1.2))
-    ax.barh(labels[::-1], values[::-1], color="tab:blue")
-    for y, v in enumerate(values[::-1]):
-        ax.text(v, y, f" {v / total:.0%}", va="center", fontsize=8)
-    ax.set_xlabel("total time in the profiled steps (ms)")
-    ax.set_title(title or "Op-type breakdown")
-    return ax
-
-
-_TIMELINE_COLORS = {"compute": "tab:blue", "communication": "tab:red", "data": "tab:orange"}
-
-
-def plot_step_timeline(run: "ProfileRun", *, step: int = 0, ax: Any = None, max_rows: int = 14):
-    """One recorded step as a Gantt chart: the data fetch, then each op type on its own row.
-
-    Gaps between bars are host time (framework overhead, Python, launches)."""
-    if not isinstance(run, ProfileRun):
-        raise ValueError("plot_step_timeline: run must be the ProfileRun returned by profile_steps")
-    if not (isinstance(step, int) and 0 <= step < len(run.step_windows_us)):
-        raise ValueError(f"plot_step_timeline: step={step!r} is out of range; fix: pass 0.."
-                         f"{len(run.step_windows_us) - 1}")
-    import matplotlib.pyplot as plt
-    lo, hi = run.step_windows_us[step]
-    ops = [e for e in op_events(load_trace(run)) if lo <= e["ts"] < hi]
-    by_type: dict[str, list[tuple[float, float]]] = {}
-    for e in ops:
-        op_type = re.sub(r"-op\d+$", "", e["name"].rsplit("/", 1)[-1])
-        by_type.setdefault(op_type, []).append(((e["ts"] - lo) / 1e3, e["dur"] / 1e3))
-    order = sorted(by_type, key=lambda t: -sum(d for _, d in by_type[t]))[:max_rows]
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.3 * (len(order) + 2) + 1.2))
-    rows = []
-    d0, d1 = run.data_windows_us[step]
-    if d1 > d0:
-        rows.append(("data_fn", [((d0 - lo) / 1e3, (d1 - d0) / 1e3)], _TIMELINE_COLORS["data"]))
-    for t in order:
-        color = _TIMELINE_COLORS["communication" if COMM_OP_PATTERN.search(t) else "compute"]
-        rows.append((t, by_type[t], color))
-    for y, (label, bars, color) in enumerate(rows[::-1]):
-        ax.broken_barh(bars, (y - 0.4, 0.8), color=color)
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([r[0] for r in rows[::-1]], fontsize=8)
-    ax.set_xlim(0, (hi - lo) / 1e3)
-    ax.set_xlabel(f"ms since the start of recorded step {step}")
-    ax.set_title("One profiled step (white = host/framework time)")
-    return ax
-
-
-# ----------------------------------------------------------------------------- per-rank stragglers
-def _p90(xs: Sequence[float]) -> float:
-    """Nearest-rank 90th percentile: the smallest value with at least 90 % of the values at or below it."""
-    s = sorted(xs)
-    return s[max(0, -(-9 * len(s) // 10) - 1)]
-
-
-def _quartile(xs: Sequence[float], q: int) -> float:
-    """Nearest-rank quartile q (1 or 3): the ceil(n/4)-th smallest or largest value."""
-    s, k = sorted(xs), -(-len(xs) // 4)
-    return s[k - 1] if q == 1 else s[len(s) - k]
-
-
-def straggler_table(times_by_rank: dict[int, Sequence[float]], *, rel_floor: float = 0.02) -> dict:
-    """Per-rank step-time table and a straggler verdict ("long tail") from each rank's own step times.
-
-    times_by_rank: {rank: [seconds per step, ...]}, at least 2 ranks with at least 2 steps each;
-    use the time of each rank's own work (e.g. forward + backward before the gradient all-reduce):
-    in synchronous data parallelism the whole step of every rank follows the slowest one.
-    Rows: rank, steps, median, p90, max, and the interquartile range (IQR, q3 - q1; quantiles by
-    nearest rank). The ratio is slowest median / fastest median. The noise is the run's own: the
-    largest relative IQR (IQR / median) of any rank, at least `rel_floor`. The IQR, unlike p90 or
-    max, is not moved by a few spikes (a busy neighbour for a moment), so it measures how far a
-    rank's typical step wanders. Verdict "straggler" when ratio - 1 exceeds the noise, else "balanced".
-
-        >>> t = straggler_table({0: [1.0, 1.0, 1.1, 0.9, 3.0], 1: [2.0, 2.0, 2.1, 1.9, 2.0]})
-        >>> t["slowest"], round(t["ratio"], 2), round(t["noise"], 2), t["verdict"]
-        (1, 2.0, 0.1, 'straggler')
-    """
-    if not isinstance(times_by_rank, dict) or len(times_by_rank) < 2:
-        raise ValueError(f"straggler_table: need {{rank: step times}} for at least 2 ranks, got "
-                         f"{type(times_by_rank).__name__} with {len(times_by_rank) if hasattr(times_by_rank, '__len__') else 0}; "
-                         "fix: pass one list of step times per rank")
-    rows = []
-    for rank in sorted(times_by_rank):
-        xs = [float(x) for x in times_by_rank[rank]]
-        if len(xs) < 2 or any(not x > 0 for x in xs):
-            raise ValueError(f"straggler_table: rank {rank} has {len(xs)} step times (need >= 2, all > 0); "
-                             "fix: time more steps, drop the compile step")
-        med = statistics.median(xs)
-        rows.append({"rank": rank, "steps": len(xs), "median_s": med, "p90_s": _p90(xs), "max_s": max(xs),
-                     "iqr_s": _quartile(xs, 3) - _quartile(xs, 1)})
-    slow = max(rows, key=lambda r: r["median_s"])
-    fast = min(rows, key=lambda r: r["median_s"])
-    ratio = slow["median_s"] / fast["median_s"]
-    noise = max(max(r["iqr_s"] / r["median_s"] for r in rows), rel_floor)
-    return {"rows": rows, "slowest": slow["rank"], "fastest": fast["rank"], "ratio": ratio, "noise": noise,
-            "verdict": "straggler" if ratio - 1 > noise else "balanced"}

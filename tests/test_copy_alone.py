@@ -31,7 +31,8 @@ MODULES = sorted([p.stem for p in PKG.glob("*.py") if p.stem != "__init__"] +
 
 # Modules that must not import MindSpore until a function needs it.
 NO_MINDSPORE_AT_IMPORT = ("metrics", "peak", "memory", "doctor", "timing", "table", "config", "checkpoint", "parallel",
-                          "profiling", "report", "plots")
+                          "profiling", "report", "plots", "pipeline", "collectives", "hardware", "mindformers_yaml",
+                          "shards", "profile_plots", "stragglers")
 
 # A user's own config: a frozen dataclass with the fields the planners read, no RunConfig.
 _USER_CFG = """
@@ -224,19 +225,43 @@ CALLS: dict[str, str] = {
         m.quiet_mindformers(level=None); assert len(lg.filters) == 1
     """,
     "parallel": """
-        assert m.pipeline_bubble_fraction(4, 8) == 3 / 11
-        assert m.ring_allreduce_bytes(1000, 4) == 1500 and m.ring_allgather_bytes(1000, 4) == 750
-        assert m.tp_allreduce_buffer_bytes(1, 32, 64) == 4096
         m.validate_layout(Cfg(), 2, 1, 1, n_devices=2, global_batch=8)
-        assert m.check_shards([[1, 2], [3, 4]], [1, 2, 3, 4])["ok"]
+        lay = m.Layout(2, 1, 1, 1, 4, 0, 0, 0.0)
+        assert m.find_layout([lay], 2, 1) is lay and lay.n_devices == 2 and lay.row()["layout"] == lay.name
+    """,
+    "pipeline": """
         import numpy as np
+        assert m.pipeline_bubble_fraction(4, 8) == 3 / 11
         assert m.simulate_pipeline(2, 4) and m.pipeline_in_flight(np.int64(2), 4.0) == [2, 1]
         assert m.pipeline_activation_bytes(100.0, 2, 4) == 200
-        hw = m.Hardware.reference("a100-sxm")                  # the NVIDIA profiles need no doctor
-        assert hw.intra_node_bytes_per_s > 0 and "ascend-910b" in m.REFERENCE_HARDWARE
+    """,
+    "collectives": """
+        assert m.ring_allreduce_bytes(1000, 4) == 1500 and m.ring_allgather_bytes(1000, 4) == 750
+        assert m.tp_allreduce_buffer_bytes(1, 32, 64) == 4096
         fit = m.fit_alpha_beta([{"op": "all_reduce", "bytes": b, "seconds": 1e-5 + b / 1e9} for b in (1e3, 1e5, 1e7)],
                                "all_reduce")
         assert isinstance(fit, m.AlphaBetaFit)
+    """,
+    "hardware": """
+        hw = m.Hardware.reference("a100-sxm")                  # the NVIDIA profiles need no doctor
+        assert hw.intra_node_bytes_per_s > 0 and "ascend-910b" in m.REFERENCE_HARDWARE
+    """,
+    "mindformers_yaml": """
+        from types import SimpleNamespace
+        lay = SimpleNamespace(dp=2, mp=1, pp=1, micro_batches=2, micro_batch_size=2, n_devices=2)   # any layout
+        spec = m.mindformers_yaml(Cfg(), lay)
+        assert m.yaml_global_batch(spec) == 8 and m.mindformers_parallel_config(lay)["data_parallel"] == 2
+        assert m.auto_parallel_context(lay)["device_num"] == 2 and m.auto_parallel_plan(lay)["micro_size"] == 2
+    """,
+    "shards": """
+        assert m.check_shards([[1, 2], [3, 4]], [1, 2, 3, 4])["ok"]
+    """,
+    "stragglers": """
+        assert m.straggler_table({0: [1.0, 1.0], 1: [1.5, 1.5]})["verdict"] == "straggler"
+    """,
+    "profile_plots": """
+        import matplotlib; matplotlib.use("Agg")
+        m.plot_op_breakdown([{"op_type": "MatMul", "total_ms": 2.0, "percent": 100.0, "count": 1, "avg_ms": 2.0}])
     """,
     "plots": """
         import matplotlib; matplotlib.use("Agg")
@@ -259,9 +284,6 @@ CALLS: dict[str, str] = {
         assert m.window_coverage(run, events=ev)["coverage"] == 1.0
         import numpy as np
         assert m.overhead_ratio(np.array([1.1, 1.1]), np.array([1.0, 1.0])) > 1
-        assert m.straggler_table({0: [1.0, 1.0], 1: [1.5, 1.5]})
-        import matplotlib; matplotlib.use("Agg")
-        m.plot_op_breakdown([{"op_type": "MatMul", "total_ms": 2.0, "percent": 100.0, "count": 1, "avg_ms": 2.0}])
     """,
     "report": """
         rows = {"a": [{"tokens_per_s": 100.0, "mfu": 0.1}], "b": [{"tokens_per_s": 110.0, "mfu": 0.11}]}
@@ -341,11 +363,12 @@ NOT_PLAIN: dict[str, set[str]] = {
     "metrics": set(),
     "peak": {"peak_flops"},         # measuring (refresh) needs MindSpore; the cached read is called above
     "model": {"llama_config", "build_model", "count_params"},
-    "parallel": {"Layout", "plan_parallel_layout", "find_layout", "mindformers_parallel_config",
-                 "validate_with_mindformers", "auto_parallel_context",
-                 # these take a Layout from make_layout (see NEEDS) or a mindformers spec
-                 "auto_parallel_plan", "mindformers_yaml", "validate_mindformers_yaml", "yaml_global_batch"},
-    "profiling": {"ProfileRun", "profile_steps", "op_type_table", "top_ops", "load_trace", "plot_step_timeline"},
+    "parallel": set(),
+    "pipeline": set(),
+    "collectives": set(),
+    "hardware": set(),
+    "mindformers_yaml": {"validate_mindformers_yaml", "validate_with_mindformers"},   # run mindformers' classes
+    "profiling": {"ProfileRun", "profile_steps", "op_type_table", "top_ops", "load_trace"},
     "smalllm": {"RMSNorm", "Block", "SmallBody", "NextTokenLoss"},
     "stability": set(),
     "summary": {"ScalarSummary", "MindInsight"},
@@ -360,6 +383,7 @@ NOT_PLAIN: dict[str, set[str]] = {
 # Functions that compose the cookbook's pipeline: the siblings they need (the whole chain), and a cheap
 # call to make in the folder holding exactly those files ("" = the imports are checked, no call).
 _TRAIN_CHAIN = ("train", "train_step", "config", "metrics", "peak", "data", "model", "device", "checkpoint", "table", "stability")
+_PLANNER = ("doctor", "memory", "hardware", "pipeline", "mindformers_yaml", "collectives")
 NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("amp", "amp_level_run"): (_TRAIN_CHAIN, ""),
     ("amp", "make_scaled_train_step"): (("train_step",), ""),
@@ -392,22 +416,40 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
                                             seq_length=128)}, "context": {"max_device_memory": "1GB"}}
         assert m.estimate_from_mindformers_yaml(d)["fits"] is True"""),
     ("model", "llama_config"): (("device",), ""),
-    # the planner prices with the doctor (copied as its folder), whose memory prices call memory.py's formulas
-    ("parallel", "communication_bytes"): (("doctor", "memory"),
+    # the planner prices with the doctor (copied as its folder), whose memory prices call memory.py's formulas; it
+    # writes the layout's YAML with mindformers_yaml, plays its schedule with pipeline, sizes collectives with
+    # collectives and takes the default device memory from hardware
+    ("parallel", "communication_bytes"): (_PLANNER,
                                           "assert m.communication_bytes(Cfg(), 2, 1, 1, global_batch=8)['dp'] > 0"),
-    ("parallel", "estimate_step_time"): (("doctor", "memory"), """
-        hw = m.Hardware.reference("ascend-910b")
+    ("parallel", "estimate_step_time"): (_PLANNER, """
+        hw = m._sibling("hardware").Hardware.reference("ascend-910b")
         lay = m.make_layout(Cfg(), 2, 1, 1, global_batch=8)
         assert m.estimate_step_time(Cfg(), lay, hw)['step_s'] > 0"""),
-    ("parallel", "make_layout"): (("doctor", "memory"),
-                                  "assert m.make_layout(Cfg(), 2, 1, 1, global_batch=8).n_devices == 2"),
-    ("parallel", "stage_activation_bytes"): (("doctor", "memory"), """
-        assert m.stage_activation_bytes(m.make_layout(Cfg(), 1, 1, 2, 4, global_batch=8))["bytes"] > 0"""),
-    ("parallel", "collective_time"): (("doctor",), """
-        assert m.collective_time("all_reduce", 1e6, 8, m.Hardware.reference("a100-sxm")) > 0"""),
-    ("parallel", "Hardware"): (("doctor",), """
-        assert m.Hardware.reference("ascend-910b").to_doctor()[0].devices_per_node == 8"""),
-    ("parallel", "measure_collectives"): (("launch", "workers"), ""),
+    ("parallel", "make_layout"): (_PLANNER, "assert m.make_layout(Cfg(), 2, 1, 1, global_batch=8).n_devices == 2"),
+    ("parallel", "plan_parallel_layout"): (_PLANNER,
+                                           "assert m.plan_parallel_layout(Cfg(), 2, global_batch=8)[0].n_devices == 2"),
+    ("pipeline", "stage_activation_bytes"): (_PLANNER + ("parallel",), """
+        lay = m._sibling("parallel").make_layout(Cfg(), 1, 1, 2, 4, global_batch=8)
+        assert m.stage_activation_bytes(lay)["bytes"] > 0"""),
+    ("collectives", "collective_time"): (("doctor", "hardware"), """
+        assert m.collective_time("all_reduce", 1e6, 8, m._sibling("hardware").Hardware.reference("a100-sxm")) > 0"""),
+    ("collectives", "measure_collectives"): (("launch", "workers"), ""),
+    ("hardware", "Hardware"): (("doctor", "collectives"), """
+        assert m.Hardware.reference("ascend-910b").to_doctor()[0].devices_per_node == 8
+        rows = [{"op": "all_reduce", "bytes": b, "seconds": 1e-5 + b / 1e9, "ranks": 2} for b in (1e3, 1e5, 1e7)]
+        assert m.Hardware.from_measurement(rows, peak_flops_per_device=1e11).devices_per_node == 2"""),
+    ("profile_plots", "plot_step_timeline"): (("profiling",), """
+        import json, matplotlib; matplotlib.use("Agg")
+        from pathlib import Path
+        d = Path("r_ascend_ms") / "ASCEND_PROFILER_OUTPUT"
+        d.mkdir(parents=True)
+        (d / "trace_view.json").write_text(json.dumps([{"ph": "M", "name": "process_name", "pid": 1,
+                                                        "args": {"name": "CPU OP"}},
+                                                       {"ph": "X", "name": "MatMul", "ts": 1.0, "dur": 2.0, "pid": 1}]))
+        run = m._sibling("profiling").ProfileRun(d.parent, [1e-5], [0.0], [0], step_windows_us=[(0.0, 10.0)],
+                                                 data_windows_us=[(0.0, 0.0)])
+        assert m.plot_step_timeline(run).get_yticklabels()[0].get_text() == "MatMul"
+        assert "mindspore" not in sys.modules"""),
     ("report", "run_summaries"): (_TRAIN_CHAIN, ""),
     ("report", "resume_check"): (_TRAIN_CHAIN, ""),
     ("report", "ablation_run"): (_TRAIN_CHAIN, ""),

@@ -9,7 +9,7 @@ a layout, and all of them must say the same memory per device, step time and fit
 
 The numbers are not pinned (the cost model is refitted as it improves); the entry points are compared with each
 other, exactly: they must run the same code on the same Model and Layout. The planner's other inputs (a RunConfig
-and degrees) are held to the doctor on the YAML `parallel.mindformers_yaml` writes for them, and the planner's
+and degrees) are held to the doctor on the YAML `mindformers_yaml.mindformers_yaml` writes for them, and the planner's
 hardware profiles to the doctor's.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from mshelpers import doctor as D
-from mshelpers import memory, parallel
+from mshelpers import collectives, hardware, memory, mindformers_yaml, parallel
 from mshelpers.config import RunConfig
 from test_doctor_dialects import MODEL_FOR as DIALECT_MODEL_FOR
 
@@ -31,7 +31,7 @@ DATA = Path(__file__).parent / "data" / "mindformers"
 FILES = sorted(p.relative_to(DATA).as_posix() for p in DATA.rglob("*.yaml"))
 # the model each 2.1.0 file that names none is read with: the dialect tests' own table, under this file's paths
 MODEL_FOR = {f"2.1.0/{name}": path for name, path in DIALECT_MODEL_FOR.items()}
-ASCEND = parallel.Hardware.reference("ascend-910b")
+ASCEND = hardware.Hardware.reference("ascend-910b")
 
 
 def _cli(path: str, model_config) -> dict:
@@ -85,7 +85,7 @@ def test_the_planner_prices_the_yaml_it_emits_as_the_doctor_does(dp, mp, pp, m, 
     kw = dict(global_batch=64, seq_len=4096, zero_stage=zero, sequence_parallel=sp, flash_attention=True)
     lay = parallel.make_layout(L7, dp, mp, pp, m, **kw, memory_budget_bytes=58 * 2**30, hardware=ASCEND,
                                **(dict(schedule="interleaved", virtual_stages=v) if v > 1 else {}))
-    spec = parallel.mindformers_yaml(L7, lay, seq_len=4096, zero_stage=zero, use_flash_attention=True,
+    spec = mindformers_yaml.mindformers_yaml(L7, lay, seq_len=4096, zero_stage=zero, use_flash_attention=True,
                                      sequence_parallel=sp, virtual_stages=v)
     r = D.diagnose(spec, search=False)
     assert (lay.memory_per_device_bytes, lay.step_time["step_s"], lay.fits) == \
@@ -106,9 +106,9 @@ def test_the_ascend_reference_profile_is_the_doctors():
 
 
 def test_the_measured_profile_is_the_doctors_cpu_profile():
-    fit = parallel.fit_alpha_beta([{"op": "all_reduce", "bytes": b, "seconds": 2e-3 + b / 3e8, "ranks": 2}
+    fit = collectives.fit_alpha_beta([{"op": "all_reduce", "bytes": b, "seconds": 2e-3 + b / 3e8, "ranks": 2}
                                    for b in (1e4, 1e6, 1.6e7)], "all_reduce")
-    mine = parallel.Hardware.from_measurement(fit, peak_flops_per_device=5e10, group_size=2).to_doctor()[0]
+    mine = hardware.Hardware.from_measurement(fit, peak_flops_per_device=5e10, group_size=2).to_doctor()[0]
     theirs = D.cpu_hardware(2, alpha_beta=fit, peak=1e11)        # 2 ranks share the measured peak
     assert dataclasses_equal_but_name(mine, theirs)
 
@@ -127,5 +127,5 @@ def test_collective_time_is_the_doctors_gradient_reduction():
         dh, cal = hw.to_doctor()
         st = D.step_time(lay.config, dh, dataclasses.replace(cal, comm_time_factor=1.0))
         grads = sum(D.stage_params(lay.config, 0)) * lay.config.layout.param_bytes
-        want = parallel.collective_time("all_reduce", grads, dp, hw, crosses_nodes=dp > hw.devices_per_node)
+        want = collectives.collective_time("all_reduce", grads, dp, hw, crosses_nodes=dp > hw.devices_per_node)
         assert st["dp_total_s"] == pytest.approx(want, rel=1e-12), (dp, st["dp_total_s"], want)

@@ -1,6 +1,6 @@
-"""mshelpers.parallel: layout validity, the planner's prices (the doctor's, for the YAML each layout becomes) and
-their physical properties on hand-worked cases, the bubble against a simulated schedule, mindformers' own checks,
-and (slow, msrun) the 2-rank tensor-parallel block.
+"""mshelpers.parallel, the planner: layout validity and each refusal's fix, the planner's prices (the doctor's,
+for the YAML each layout becomes) and their physical properties on hand-worked cases, communication_bytes worked by
+hand, the step time on a Hardware profile, and (slow, msrun) the 2-rank tensor-parallel block.
 """
 from __future__ import annotations
 
@@ -9,18 +9,39 @@ import doctest
 import math
 from types import SimpleNamespace as _NS
 
+import numpy as np
 import pytest
 
 from mshelpers import doctor as D
-from mshelpers import memory, parallel
+from mshelpers import collectives, hardware, memory, mindformers_yaml, parallel, pipeline
+from mshelpers.collectives import ring_allreduce_bytes, tp_allreduce_buffer_bytes
 from mshelpers.config import RunConfig
-from mshelpers.parallel import (Hardware, Layout, communication_bytes, estimate_step_time, find_layout,
-                                make_layout, pipeline_bubble_fraction, plan_parallel_layout,
-                                ring_allreduce_bytes, simulate_pipeline, tp_allreduce_buffer_bytes,
-                                validate_layout)
+from mshelpers.hardware import Hardware
+from mshelpers.memory import llama_param_count
+from mshelpers.parallel import (Layout, communication_bytes, estimate_step_time, find_layout, make_layout,
+                                plan_parallel_layout, validate_layout)
+from mshelpers.pipeline import pipeline_bubble_fraction, stage_activation_bytes
 
 L7 = RunConfig.preset("llama2-7b")
 MINI = RunConfig.preset("mini")
+
+
+def _refused(f, *args, **kw) -> str:
+    """The one line f refuses these arguments with."""
+    with pytest.raises(ValueError) as e:
+        f(*args, **kw)
+    return str(e.value)
+
+
+def _line(fn, name, v):
+    tail = " (a count has no fraction)" if isinstance(v, float) and math.isfinite(v) else ""
+    return f"{fn}: {name}={v!r} is invalid; fix: pass a positive integer{tail}"
+
+
+def _foreign(cfg):
+    """The same model as a plain object without compute_dtype or recompute (a config that is not ours)."""
+    return _NS(**{k: getattr(cfg, k) for k in ("num_heads", "ffn_hidden_size", "num_layers", "hidden_size",
+                                                "seq_len", "vocab_size")})
 
 
 def test_doctests():
@@ -30,28 +51,7 @@ def test_doctests():
     for t in finder.find(parallel):
         if "__mutmut_" not in t.name:
             runner.run(t)
-    assert runner.tries > 10 and runner.failures == 0
-
-
-# ---------------------------------------------------------------- bubble
-@pytest.mark.parametrize("p,m,expected", [(1, 1, 0.0), (2, 2, 1 / 3), (4, 12, 0.2), (8, 8, 7 / 15)])
-def test_bubble_formula(p, m, expected):
-    assert pipeline_bubble_fraction(p, m) == pytest.approx(expected)
-
-
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-@pytest.mark.parametrize("p,m", [(2, 2), (4, 4), (4, 16), (8, 8), (3, 7)])
-def test_simulated_schedule_idles_as_the_formula_says(schedule, p, m):
-    sim = simulate_pipeline(p, m, schedule=schedule)
-    assert sim["idle_fraction"] == pytest.approx(pipeline_bubble_fraction(p, m), abs=1e-12)
-    assert len(sim["ops"]) == 2 * p * m
-    # 1F1B never holds more than p micro-batches in flight on stage 0 (why it needs less memory than GPipe)
-    if schedule == "1f1b":
-        in_flight, worst = 0, 0
-        for s, kind, i, start, end in sorted((o for o in sim["ops"] if o[0] == 0), key=lambda o: o[3]):
-            in_flight += 1 if kind == "F" else -1
-            worst = max(worst, in_flight)
-        assert worst <= p
+    assert runner.tries >= 8 and runner.failures == 0
 
 
 # ---------------------------------------------------------------- validity
@@ -88,6 +88,72 @@ def test_validate_layout_rejects_non_integers():
         validate_layout(L7, 8, 0, 1, 1, n_devices=32, global_batch=64)
 
 
+@pytest.mark.parametrize("i,name", list(enumerate(["dp", "mp", "pp", "micro_batches"])))
+def test_validate_layout_names_each_bad_count(i, name):
+    args = [2, 2, 2, 2]
+    args[i] = 0
+    assert _refused(parallel.validate_layout, L7, *args, n_devices=8, global_batch=64) == \
+        _line("validate_layout", name, 0)
+
+
+@pytest.mark.parametrize("kw", ["n_devices", "global_batch"])
+def test_validate_layout_names_a_bad_keyword_count(kw):
+    assert _refused(parallel.validate_layout, L7, 1, 1, 1, 1, **{"n_devices": 1, "global_batch": 1, kw: 2.5}) == \
+        _line("validate_layout", kw, 2.5)
+
+
+def test_validate_layout_proposes_a_dp_that_fits_or_a_divisor_rule():
+    v = parallel.validate_layout
+    assert _refused(v, L7, 3, 2, 2, 4, n_devices=8, global_batch=64) == (
+        "validate_layout: dp*mp*pp = 3*2*2 = 12 does not equal n_devices=8; fix: dp=2 makes dp*mp*pp = 8")
+    assert _refused(v, L7, 1, 3, 1, 1, n_devices=8, global_batch=64) == (
+        "validate_layout: dp*mp*pp = 1*3*1 = 3 does not equal n_devices=8; "
+        "fix: choose mp*pp dividing 8 and dp = 8/(mp*pp)")
+    # mp*pp = 8 does not divide 12 (though mp/pp would)
+    assert _refused(v, L7, 1, 2, 4, 4, n_devices=12, global_batch=64) == (
+        "validate_layout: dp*mp*pp = 1*2*4 = 8 does not equal n_devices=12; "
+        "fix: choose mp*pp dividing 12 and dp = 12/(mp*pp)")
+
+
+def test_validate_layout_ffn_refusal_lists_the_mp_that_split_both():
+    cfg = _NS(num_heads=8, ffn_hidden_size=12, num_layers=4)     # 12's divisors that also divide 8: 1, 2, 4
+    assert _refused(parallel.validate_layout, cfg, 1, 8, 1, 1, n_devices=8, global_batch=8) == (
+        "validate_layout: mp=8 does not divide ffn_hidden_size=12 (MLP columns are split evenly); "
+        "fix: use mp in [1, 2, 4]")
+
+
+def test_validate_layout_batch_refusal_lists_micro_batches_or_asks_for_another_batch():
+    # 12 / 2 = 6 sequences per dp rank: 4 micro-batches do not split them, the divisors of 6 do
+    v = parallel.validate_layout
+    assert _refused(v, L7, 2, 1, 1, 4, n_devices=2, global_batch=12) == (
+        "validate_layout: dp*micro_batches = 2*4 = 8 does not divide global_batch=12 "
+        "(every micro-batch needs whole sequences); fix: use micro_batches in [1, 2, 3, 6]")
+    assert _refused(v, L7, 4, 1, 1, 1, n_devices=4, global_batch=6) == (
+        "validate_layout: dp*micro_batches = 4*1 = 4 does not divide global_batch=6 "
+        "(every micro-batch needs whole sequences); fix: use a global_batch that is a multiple of "
+        "dp*micro_batches = 4")
+
+
+def test_validate_layout_pipeline_rule_applies_only_with_stages():
+    assert parallel.validate_layout(L7, 1, 1, 1, 1, n_devices=1, global_batch=1) is None
+    assert parallel.validate_layout(L7, 1, 1, 2, 2, n_devices=2, global_batch=2) is None
+    assert _refused(parallel.validate_layout, L7, 1, 1, 2, 1, n_devices=2, global_batch=2).startswith(
+        "validate_layout: micro_batches=1 < pp=2; ")
+
+
+@pytest.mark.parametrize("v", [None, 0, -1, True, 2.0, "4"], ids=repr)
+def test_a_config_field_that_is_not_a_positive_integer_is_refused(v):
+    cfg = _NS(num_heads=v, ffn_hidden_size=64, num_layers=2)
+    assert _refused(parallel.validate_layout, cfg, 1, 1, 1, 1, n_devices=1, global_batch=1) == (
+        f"cfg.num_heads={v!r} is invalid; fix: pass a RunConfig (RunConfig.preset(...)) with a positive integer there")
+
+
+def test_a_config_field_of_one_or_a_numpy_integer_is_accepted():
+    cfg = _NS(num_heads=1, ffn_hidden_size=np.int64(64), num_layers=1)
+    assert parallel.validate_layout(cfg, 1, 1, 1, 1, n_devices=1, global_batch=1) is None
+    assert parallel._divisors(6) == [1, 2, 3, 6] and parallel._divisors(1) == [1]
+
+
 # ---------------------------------------------------------------- communication
 def test_dp_allreduce_bytes_for_mini_on_two_ranks():
     c = communication_bytes(MINI, 2, 1, 1, global_batch=8)
@@ -120,6 +186,77 @@ def test_pipeline_traffic_and_recompute_allreduces():
     assert full["tp_allreduces"] == 6 * 32                   # the recomputed forward runs its 2 again
 
 
+def test_the_defaults():
+    # micro_batches=1: a global batch of 1 on one device is valid; with 2 it would not divide
+    assert parallel.validate_layout(MINI, 1, 1, 1, n_devices=1, global_batch=1) is None
+    one = parallel.communication_bytes(MINI, 1, 1, 1, global_batch=1)
+    assert one["tp_buffer_bytes"] == 1 * MINI.seq_len * MINI.hidden_size * 2      # activations sent at 16 bits
+    # zero_stage=0: no parameter all-gather on top of the gradient all-reduce
+    z0 = parallel.communication_bytes(MINI, 2, 1, 1, global_batch=8)
+    assert z0["dp"] == ring_allreduce_bytes(llama_param_count(MINI) * 4, 2)
+
+
+_cb = parallel.communication_bytes
+
+
+def test_communication_bytes_by_hand_with_tp_and_pp():
+    # mini: hidden 256, 4 layers, float32 weights; dp 2, mp 2, pp 2, m 2, global batch 8: 2 sequences a micro-batch
+    s, h, v = MINI.seq_len, MINI.hidden_size, MINI.vocab_size
+    got = _cb(MINI, 2, 2, 2, 2, global_batch=8)
+    buf = 2 * s * h * 2                                  # b·s·h at 16 bits
+    per_layer = (llama_param_count(MINI) - 2 * v * h - h) // 4
+    local = 2 * per_layer // 2 + v * h                   # stage 0: 2 layers split over mp, the embedding whole
+    assert got["grad_buffer_bytes"] == local * 4
+    assert got["dp"] == collectives.ring_allreduce_bytes(local * 4, 2)
+    assert got["tp_buffer_bytes"] == buf and got["tp_allreduces"] == 2 * 2 * 4       # m x layers x 4
+    assert got["tp"] == 16 * collectives.ring_allreduce_bytes(buf, 2)
+    assert got["pp"] == 2 * 2 * buf                      # per micro-batch an activation out, a gradient back
+    assert got["total"] == got["dp"] + got["tp"] + got["pp"] and got["ep"] == got["cp"] == 0
+    assert got["tp"] != got["pp"] and got["dp"] != got["pp"]      # so a wrong sign shows in the total
+
+
+def test_communication_bytes_without_tp_or_pp_has_none_of_their_traffic():
+    got = _cb(MINI, 2, 1, 1, 1, global_batch=8)
+    assert (got["tp"], got["pp"], got["tp_allreduces"]) == (0, 0, 0)
+    got = _cb(MINI, 1, 2, 1, 1, global_batch=8)
+    assert got["pp"] == 0 and got["tp_allreduces"] == 4 * 4 and got["dp"] == 0
+
+
+def test_communication_bytes_reads_the_config_and_its_widths():
+    # a foreign config without compute_dtype or recompute: the YAML writer's bfloat16 and no recompute
+    foreign = _foreign(MINI)
+    assert not hasattr(foreign, "compute_dtype") and not hasattr(foreign, "recompute")
+    got = _cb(foreign, 1, 2, 1, 1, global_batch=8)
+    assert got == _cb(MINI.replace(compute_dtype="bfloat16"), 1, 2, 1, 1, global_batch=8)
+    assert got["tp_buffer_bytes"] == 8 * MINI.seq_len * MINI.hidden_size * 2
+    full = _cb(MINI.replace(recompute="full"), 1, 2, 1, 1, global_batch=8)
+    assert full["tp_allreduces"] == 6 * 4
+    # the gradients travel in the weights' width: the YAML's float32 weights
+    assert _cb(MINI, 2, 1, 1, global_batch=8)["grad_buffer_bytes"] == llama_param_count(MINI) * 4
+
+
+def test_communication_bytes_results_are_integers():
+    got = _cb(L7, 3, 1, 2, 2, global_batch=12, seq_len=4096)
+    assert all(type(v) is int for v in got.values()), got
+    assert got["dp"] == collectives.ring_allreduce_bytes(got["grad_buffer_bytes"], 3)
+
+
+# ---------------------------------------------------------------- the gradient reduction under each ZeRO stage
+@pytest.mark.parametrize("dp", [2, 4])
+def test_every_zero_stage_reduces_the_gradients_once(dp):
+    # mini: 3,688,704 float32 parameters, S = 14,754,816 bytes of gradients. Without sharding one ring all-reduce,
+    # 2(n-1)/n*S; MindSpore's parallel optimizer reduce-scatters the gradients and all-gathers the updated
+    # weights, (n-1)/n*S each: the same bytes
+    for stage in (0, 1, 2):
+        c = communication_bytes(MINI, dp, 1, 1, global_batch=8, zero_stage=stage)
+        assert c["dp"] == ring_allreduce_bytes(14_754_816, dp) == c["total"] and c["grad_buffer_bytes"] == 14_754_816
+    assert communication_bytes(MINI, 1, 1, 1, global_batch=8, zero_stage=1)["dp"] == 0    # nothing to reduce
+    with pytest.raises(ValueError) as e:
+        communication_bytes(MINI, dp, 1, 1, global_batch=8, zero_stage=3)
+    assert str(e.value) == ("make_layout: zero_stage=3 is not priced; fix: 0, 1 (MindSpore's parallel optimizer) or 2 "
+                            "(and gradient_accumulation_shard); a mindformers YAML has no ZeRO-3")
+
+
 # ---------------------------------------------------------------- planner
 def test_planner_returns_only_valid_layouts_best_first():
     plans = plan_parallel_layout(L7, 32, global_batch=64, seq_len=4096)
@@ -138,7 +275,7 @@ def test_planner_returns_only_valid_layouts_best_first():
 
 def test_planner_memory_is_the_doctors_for_the_yaml_it_emits():
     lay = make_layout(L7, 4, 8, 1, 16, global_batch=64, seq_len=4096, zero_stage=1)
-    spec = parallel.mindformers_yaml(L7, lay, seq_len=4096, zero_stage=1, use_flash_attention=False)
+    spec = mindformers_yaml.mindformers_yaml(L7, lay, seq_len=4096, zero_stage=1, use_flash_attention=False)
     mem = D.memory_per_stage(D.read_config(spec))
     assert lay.memory_per_device_bytes == mem["memory_per_device_bytes"] and lay.fits is None   # no budget asked
     part = mem["breakdown"]
@@ -158,144 +295,11 @@ def test_memory_budget_and_hardware_ranking():
     assert steps == sorted(steps)
 
 
-def test_step_time_uses_inter_node_bandwidth_only_for_groups_that_cross_nodes():
-    lay = make_layout(L7, 8, 4, 1, 1, global_batch=64, seq_len=4096)
-    slow = Hardware(1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=1e10, devices_per_node=8)
-    fast = Hardware(1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=2e10, devices_per_node=8)
-    a = estimate_step_time(L7, lay, slow, global_batch=64, seq_len=4096)
-    b = estimate_step_time(L7, lay, fast, global_batch=64, seq_len=4096)
-    assert a["tp_s"] == b["tp_s"] > 0                        # 4-way tp stays inside an 8-device node
-    assert a["dp_total_s"] == pytest.approx(2 * b["dp_total_s"])   # the dp group (8 ranks, 4 apart) crosses nodes
-    assert 0 < a["comm_share"] < 1 and a["step_s"] == pytest.approx(sum(a[k] for k, _ in D.TERMS))
-
-
 def test_planner_bad_input():
     with pytest.raises(ValueError, match="n_devices=0"):
         plan_parallel_layout(L7, 0, global_batch=64)
     with pytest.raises(ValueError, match="no valid layout"):
         plan_parallel_layout(L7, 3, global_batch=1)
-
-
-# ---------------------------------------------------------------- the gradient reduction under each ZeRO stage
-@pytest.mark.parametrize("dp", [2, 4])
-def test_every_zero_stage_reduces_the_gradients_once(dp):
-    # mini: 3,688,704 float32 parameters, S = 14,754,816 bytes of gradients. Without sharding one ring all-reduce,
-    # 2(n-1)/n*S; MindSpore's parallel optimizer reduce-scatters the gradients and all-gathers the updated
-    # weights, (n-1)/n*S each: the same bytes
-    for stage in (0, 1, 2):
-        c = communication_bytes(MINI, dp, 1, 1, global_batch=8, zero_stage=stage)
-        assert c["dp"] == ring_allreduce_bytes(14_754_816, dp) == c["total"] and c["grad_buffer_bytes"] == 14_754_816
-    assert communication_bytes(MINI, 1, 1, 1, global_batch=8, zero_stage=1)["dp"] == 0    # nothing to reduce
-    with pytest.raises(ValueError) as e:
-        communication_bytes(MINI, dp, 1, 1, global_batch=8, zero_stage=3)
-    assert str(e.value) == ("make_layout: zero_stage=3 is not priced; fix: 0, 1 (MindSpore's parallel optimizer) or 2 "
-                            "(and gradient_accumulation_shard); a mindformers YAML has no ZeRO-3")
-
-
-# ---------------------------------------------------------------- mindformers' own checks (imports mindformers, ~8 s)
-def test_mindformers_accepts_the_planned_layout_and_rejects_a_bad_split():
-    lay = find_layout(plan_parallel_layout(L7, 32, global_batch=64, seq_len=4096), 4, 8)
-    pc = parallel.validate_with_mindformers(L7, lay)
-    assert (pc.data_parallel, pc.model_parallel, pc.pipeline_stage) == (4, 8, 1)
-    bad = Layout(dp=1, mp=3, pp=1, micro_batches=1, micro_batch_size=1, memory_per_device_bytes=0,
-                 comm_bytes_per_step=0, bubble_fraction=0.0)
-    with pytest.raises(ValueError, match="n_head"):
-        parallel.validate_with_mindformers(L7, bad)
-    bad_ffn = L7.replace(num_heads=48, hidden_size=4608)  # 48 heads split 3 ways, but 11008 is not
-    with pytest.raises(ValueError, match="hidden_dim"):
-        parallel.validate_with_mindformers(bad_ffn, bad)
-
-
-# ---------------------------------------------------------------- the real 2-rank tensor-parallel block (msrun, ~25 s)
-def test_two_rank_tensor_parallel_block_matches_one_device(tmp_path):
-    from mshelpers.launch import msrun
-    from mshelpers.workers import script_path
-    run = msrun(script_path("tp_block"), workers=2, log_dir=tmp_path, timeout=300)
-    for res in run.results():
-        dims = res["dims"]
-        good, plain = res["megatron_f_g"], res["plain_ops"]
-        # forward: split weights + AllReduce/AllGather reproduce the unsplit block
-        assert good["max_abs_err_block_out"] < 1e-5 and good["max_abs_err_logits"] < 1e-5
-        assert plain["max_abs_err_block_out"] < 1e-5
-        # backward: Megatron's f/g give the unsplit gradients; plain ops.AllReduce doubles them on 2 ranks
-        assert max(good["max_rel_err_grad"].values()) < 1e-4
-        assert plain["grad_ratio_wq"] == pytest.approx(2.0, rel=1e-4)
-        # every activation all-reduce moved one b·s·h block, as the planner's formula says
-        buf = tp_allreduce_buffer_bytes(dims["batch"], dims["seq"], dims["hidden"], 4)
-        ars = [c for c in good["collectives_one_forward"] if c[0] == "AllReduce"]
-        assert [c[3] for c in ars] == [buf, buf]
-        assert good["backward_allreduces"] == [buf] * 3   # 2 per layer + the output layer's input
-        # the planner (the doctor): 4 per layer and micro-batch; the output layer's backward one it does not count
-        per_layer = communication_bytes(L7, 1, 2, 1, 1, global_batch=1, seq_len=512)["tp_allreduces"] // 32
-        assert len(ars) + len(good["backward_allreduces"]) == per_layer + 1
-        # the naive MLP all-gathers the b·s·ffn/tp activation instead of all-reducing b·s·h
-        gathers = [c for c in res["naive_mlp"]["collectives_one_forward"] if c[0] == "AllGather"]
-        assert gathers[0][3] == dims["batch"] * dims["seq"] * dims["ffn"] // 2 * 4
-
-
-# ---------------------------------------------------------------- data parallel: shard check and DP == single process
-def test_check_shards():
-    good = parallel.check_shards([[0, 2, 4], [1, 3, 5]], range(6))
-    assert good["ok"] and good["disjoint"] and good["union_is_full"] and good["duplicate_share"] == 0
-    bug = parallel.check_shards([[0, 1, 2], [0, 1, 2]], range(6))
-    assert not bug["ok"] and bug["pairwise_overlap"] == 3 and bug["missing"] == 3 and bug["duplicate_share"] == 0.5
-    with pytest.raises(ValueError, match="per_rank_ids"):
-        parallel.check_shards([[1], []])
-
-
-def test_mindspore_dataset_shards_are_disjoint_and_complete():
-    from mshelpers.data import make_dataset
-    from mshelpers.workers.dp_train import window_id
-    cfg = RunConfig.preset("tiny")
-
-    def ids(d):
-        return [window_id(r) for b in d.create_tuple_iterator(output_numpy=True) for r in b[0]]
-    full = ids(make_dataset(cfg, 1, 0, n_windows=32))
-    shards = [ids(make_dataset(cfg, 2, r, n_windows=32)) for r in range(2)]
-    assert parallel.check_shards(shards, full)["ok"]
-    half = cfg.replace(batch_size=cfg.batch_size // 2)
-    same = [ids(make_dataset(half, 1, 0, n_windows=32)) for _ in range(2)]
-    assert not parallel.check_shards(same, full)["disjoint"]
-
-
-def test_two_rank_data_parallel_matches_one_process_with_twice_the_batch(tmp_path):
-    """2 ranks x b under msrun with gradients_mean=True follow 1 process x 2b (tiny model, 6 steps)."""
-    import subprocess
-    import sys
-    import numpy as np
-    from mshelpers.launch import msrun
-    from mshelpers.workers import script_path
-    steps = 6
-    cfg = RunConfig.preset("tiny").replace(mode="graph", steps=steps, batch_size=8)
-    yaml_path = tmp_path / "run.yaml"
-    cfg.to_yaml(yaml_path)
-    run = msrun(script_path("dp_train"), workers=2, log_dir=tmp_path / "dp", timeout=400,
-                args=["--config", str(yaml_path), "--steps", str(steps), "--runs", "sharded", "--threads", "1"])
-    r0, r1 = (r["runs"]["sharded"] for r in run.results())
-    # the ranks trained on disjoint windows whose union is what one process reads
-    from mshelpers.data import numpy_batches
-    from mshelpers.workers.dp_train import window_id
-    it = numpy_batches(cfg)
-    full = [window_id(row) for _ in range(steps) for row in next(it)]
-    assert parallel.check_shards([r0["window_ids"], r1["window_ids"]], full)["ok"]
-    # identical parameters on both ranks
-    p0, p1 = (np.load(r.out_dir / "params_sharded.npy") for r in run.ranks)
-    assert np.array_equal(p0, p1)
-    # the single-process run, in a fresh interpreter (graph compile needs a clean MindSpore context)
-    out = tmp_path / "single.npy"
-    code = ("import sys, numpy as np\n"
-            "from mshelpers.config import RunConfig\nfrom mshelpers.device import setup\n"
-            "from mshelpers.workers.dp_train import train_dp\n"
-            f"cfg = RunConfig.from_yaml({str(yaml_path)!r})\nsetup(mode='graph', seed=cfg.seed)\n"
-            f"np.save({str(out)!r}, np.array(train_dp(cfg, {steps})['losses']))\n")
-    script = tmp_path / "single.py"
-    script.write_text(code)
-    subprocess.run([sys.executable, str(script)], check=True, timeout=400, capture_output=True)
-    single = np.load(out)
-    dp = (np.array(r0["losses"]) + np.array(r1["losses"])) / 2
-    assert abs(dp[0] - single[0]) < 1e-4                  # same weights, same data: rounding only
-    assert np.abs(dp - single).max() < 0.02               # the tolerance notebook 04 states
-    assert dp[-1] < dp[0]                                 # and it trained
 
 
 def test_a_layout_row_names_and_rounds_every_field():
@@ -315,198 +319,6 @@ def test_a_layout_row_names_and_rounds_every_field():
     assert Layout(**{**lay.__dict__, "schedule": "interleaved", "virtual_stages": 2}).name == \
         "2dp×4mp×3pp m=6 interleaved v=2"
     assert Layout(**{**lay.__dict__, "schedule": "gpipe"}).name == "2dp×4mp×3pp m=6 gpipe"
-
-
-def test_the_global_batch_of_a_mindformers_yaml():
-    from mshelpers.parallel import yaml_global_batch
-    spec = lambda pc, rc, **top: {"parallel_config": pc, "runner_config": rc, **top}
-    assert yaml_global_batch(spec({"data_parallel": 8}, {"batch_size": 2})) == 16
-    # micro-batches count only with a pipeline
-    assert yaml_global_batch(spec({"data_parallel": 2, "micro_batch_num": 4}, {"batch_size": 3})) == 6
-    assert yaml_global_batch(spec({"data_parallel": 2, "pipeline_stage": 2, "micro_batch_num": 4},
-                                  {"batch_size": 3})) == 24
-    assert yaml_global_batch(spec({"data_parallel": 2, "pipeline_stage": 2}, {"batch_size": 3})) == 6
-    assert yaml_global_batch(spec({"data_parallel": 2}, {"batch_size": 3, "gradient_accumulation_steps": 5})) == 30
-    assert yaml_global_batch(spec({"data_parallel": 2}, {"batch_size": 3}, micro_batch_interleave_num=2)) == 12
-
-
-# ---------------------------------------------------------------- the AutoParallel / legacy-context settings, exactly
-def _lay(dp, mp, pp, m):
-    return make_layout(L7, dp, mp, pp, m, global_batch=64, seq_len=4096)
-
-
-def test_auto_parallel_context_exact():
-    assert parallel.auto_parallel_context(_lay(8, 4, 1, 1), zero_stage=0) == {
-        "parallel_mode": "semi_auto_parallel", "device_num": 32, "gradients_mean": False, "full_batch": True,
-        "enable_parallel_optimizer": False}
-    assert parallel.auto_parallel_context(_lay(4, 2, 4, 8)) == {
-        "parallel_mode": "semi_auto_parallel", "device_num": 32, "gradients_mean": False, "full_batch": True,
-        "enable_parallel_optimizer": True, "parallel_optimizer_config": {"optimizer_level": "level1"},
-        "pipeline_stages": 4}
-    assert parallel.auto_parallel_context(_lay(8, 4, 1, 8), zero_stage=2)["parallel_optimizer_config"] == \
-        {"optimizer_level": "level2"}
-    assert "pipeline_stages" not in parallel.auto_parallel_context(_lay(8, 4, 1, 8))
-    assert parallel.auto_parallel_context(_lay(4, 4, 2, 8))["pipeline_stages"] == 2
-
-
-def test_auto_parallel_plan_exact():
-    assert parallel.auto_parallel_plan(_lay(8, 4, 1, 1), zero_stage=0) == {
-        "wrapper": None, "micro_size": 1, "parallel_mode": "semi_auto", "pipeline": None, "hsdp": None}
-    assert parallel.auto_parallel_plan(_lay(8, 4, 1, 8)) == {
-        "wrapper": "GradAccumulation", "micro_size": 8, "parallel_mode": "semi_auto", "pipeline": None,
-        "hsdp": {"shard_size": -1, "threshold": 64, "optimizer_level": "level1"}}
-    assert parallel.auto_parallel_plan(_lay(4, 2, 4, 8), zero_stage=3) == {
-        "wrapper": "Pipeline", "micro_size": 8, "parallel_mode": "semi_auto",
-        "pipeline": {"stages": 4, "scheduler": "1f1b"},
-        "hsdp": {"shard_size": -1, "threshold": 64, "optimizer_level": "level3"}}
-    two = parallel.auto_parallel_plan(_lay(4, 4, 2, 8))
-    assert (two["wrapper"], two["pipeline"]) == ("Pipeline", {"stages": 2, "scheduler": "1f1b"})
-    assert parallel.auto_parallel_plan(_lay(8, 4, 1, 2))["wrapper"] == "GradAccumulation"
-
-
-def test_the_planners_step_time_uses_the_sequence_asked_for():
-    hw = Hardware.reference("ascend-910b")
-    best = plan_parallel_layout(L7, 8, global_batch=16, seq_len=1024, hardware=hw)[0]
-    assert L7.seq_len != 1024 and best.config.model.seq == 1024
-    assert best.step_time == estimate_step_time(L7, best, hw)                    # the layout's own config
-    bare = Layout(best.dp, best.mp, best.pp, best.micro_batches, best.micro_batch_size, 0, 0, 0.0)
-    assert best.step_time == estimate_step_time(L7, bare, hw, global_batch=16, seq_len=1024)
-    assert best.step_time != estimate_step_time(L7, bare, hw, global_batch=16, seq_len=L7.seq_len)
-
-
-# ---------------------------------------------------------------- estimate_step_time and stage_activation_bytes
-HW_HAND = Hardware(peak_flops_per_device=1e15, intra_node_bytes_per_s=100e9, inter_node_bytes_per_s=10e9,
-                   devices_per_node=8, compute_efficiency=0.5, intra_node_latency_s=1e-5, inter_node_latency_s=1e-4)
-
-
-def test_estimate_step_time_is_the_doctors_step_on_the_same_profile():
-    lay = make_layout(L7.replace(recompute="full"), 2, 4, 2, 4, global_batch=16, seq_len=2048)
-    got = estimate_step_time(L7, lay, HW_HAND)
-    hw, cal = HW_HAND.to_doctor()
-    want = D.step_time(lay.config, hw, cal)
-    assert {k: got[k] for k in want} == want
-    comm = sum(want[k] for k in ("tp_s", "ep_s", "cp_s", "p2p_s", "dp_s"))
-    assert got["comm_share"] == pytest.approx(comm / want["step_s"], rel=1e-12)
-    # a hand-built profile has no fitted constants: its efficiency, the datasheet links
-    assert (cal.compute_efficiency, cal.comm_time_factor) == (0.5, 1.0) and hw.peak("bfloat16") == 1e15
-
-
-def test_estimate_step_time_pays_latency_once_per_pass_of_each_collective_that_exists():
-    cfg = L7.replace(recompute="none")
-    one = estimate_step_time(cfg, make_layout(cfg, 1, 1, 1, 1, global_batch=1, seq_len=128), HW_HAND)
-    assert (one["tp_s"], one["dp_total_s"], one["p2p_s"], one["bubble_s"]) == (0.0, 0.0, 0.0, 0.0)
-    assert one["comm_share"] == 0.0
-    # mp 2 and 3 micro-batches: 4 all-reduces of 2 passes per layer, 32 layers, 3 micro-batches, each pass pays
-    # the latency once (the bandwidth term is the same with and without it)
-    two = make_layout(cfg, 1, 2, 1, 3, global_batch=3, seq_len=128)
-    lat = estimate_step_time(cfg, two, HW_HAND)["tp_s"]
-    no_lat = estimate_step_time(cfg, two, dataclasses.replace(HW_HAND, intra_node_latency_s=0.0))["tp_s"]
-    assert lat - no_lat == pytest.approx(3 * 32 * 8 * 1e-5, rel=1e-9)
-
-
-def test_stage_activation_bytes_by_hand():
-    from mshelpers.memory import activation_bytes_per_layer
-    cfg = L7.replace(recompute="selective", compute_dtype="bfloat16")
-    lay = make_layout(cfg, 2, 4, 4, 8, global_batch=64, seq_len=2048, sequence_parallel=True, flash_attention=True)
-    # mindformers' LLaMA block, SiLU/Mul selective recompute on every layer, sequence parallel over mp 4
-    per = activation_bytes_per_layer(2048, lay.micro_batch_size, 4096, 32, tp=4, sequence_parallel=True,
-                                     recompute="selective", bytes_per_value=2, flash_attention=True,
-                                     num_kv_heads=32, ffn_hidden_size=11008, arch="llama")
-    got = parallel.stage_activation_bytes(lay, "interleaved", 2, interleaved_order="memory", stage=1)
-    assert got == {"in_flight": 3.5, "layers_per_stage": 8, "per_layer_bytes": per, "micro_batch_bytes": per * 8,
-                   "bytes": math.ceil(3.5 * per * 8)}
-    # 1F1B's count is the doctor's: with the working set and the logits it is the stage's activations
-    one = parallel.stage_activation_bytes(lay, stage=3)
-    act = D.memory_per_stage(lay.config)["per_stage_breakdown"][3]["activations"]
-    from mshelpers.doctor import adapt
-    extra = adapt.stage_activations(lay.config, 3)
-    assert one["in_flight"] == 1 and one["bytes"] + extra["working"] + extra["output"] == act
-    with pytest.raises(ValueError) as e:
-        parallel.stage_activation_bytes(lay, "interleaved", 3)
-    assert str(e.value) == ("stage_activation_bytes: num_layers=32 is not divisible by pp*virtual_stages = 4*3; "
-                            "fix: choose virtual_stages dividing 8")
-    with pytest.raises(ValueError, match="has no doctor config"):
-        parallel.stage_activation_bytes(_NS(pp=2, mp=1, micro_batches=4))
-
-
-# ---------------------------------------------------------------- every refusal of the planner's functions, exactly
-_HW = Hardware.reference("a100-sxm")
-_REFUSALS = {
-    'plan n_devices': (lambda: parallel.plan_parallel_layout(L7, 0, global_batch=8),
-           'plan_parallel_layout: n_devices=0 is invalid; fix: pass a positive integer'),
-    'plan global_batch': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=0),
-           'plan_parallel_layout: global_batch=0 is invalid; fix: pass a positive integer'),
-    'plan seq_len': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=8, seq_len=-1),
-           'plan_parallel_layout: seq_len=-1 is invalid; fix: pass a positive integer'),
-    'plan cfg': (lambda: parallel.plan_parallel_layout(_NS(), 8, global_batch=8),
-           'plan_parallel_layout: cfg=SimpleNamespace is not a RunConfig; fix: pass RunConfig.preset(...) or a mindformers YAML path'),
-    'make degrees': (lambda: parallel.make_layout(L7, 8, 4, global_batch=64),
-           'make_layout: pp=None with a RunConfig; fix: pass dp, mp, pp and global_batch (or a mindformers YAML to price its own layout)'),
-    'make file knob': (lambda: parallel.make_layout(str(DATA7), zero_stage=1),
-           'make_layout: zero_stage=1 with a mindformers config; fix: set it in the file (the planner varies only dp, mp, pp and the micro-batches of a file)'),
-    'plan file knob': (lambda: parallel.plan_parallel_layout(str(DATA7), flash_attention=True),
-           'plan_parallel_layout: flash_attention=True with a mindformers config; fix: set it in the file (the planner varies only dp, mp, pp and the micro-batches of a file)'),
-    'make file batch': (lambda: parallel.make_layout(str(DATA7), 4, 1, 1, global_batch=8),
-           'make_layout: global_batch=8 but the file trains on 64; fix: omit global_batch (the file\'s is kept)'),
-    'plan budget': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=8, memory_budget_bytes=0),
-           'plan_parallel_layout: memory_budget_bytes=0 is invalid; fix: a positive byte count'),
-    'plan m': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=8, micro_batches=[0]),
-           'plan_parallel_layout: micro_batches=0 is invalid; fix: pass a positive integer'),
-    'make v': (lambda: parallel.make_layout(L7, 8, 4, 1, 8, global_batch=64, virtual_stages=0),
-           'make_layout: virtual_stages=0 is invalid; fix: pass a positive integer'),
-    'make sched': (lambda: parallel.make_layout(L7, 8, 4, 1, 8, global_batch=64, schedule="zb"),
-           "make_layout: schedule='zb' is unknown; fix: use one of ('gpipe', '1f1b', 'interleaved')"),
-    'make inter': (lambda: parallel.make_layout(L7, 8, 4, 1, 8, global_batch=64, schedule="interleaved", virtual_stages=2),
-           'make_layout: interleaved with pp=1, virtual_stages=2 needs pp > 1 and pp*virtual_stages dividing num_layers=32; fix: use a virtual_stages dividing 32 with pp > 1'),
-    'make inter2': (lambda: parallel.make_layout(L7, 2, 4, 4, 8, global_batch=64, schedule="interleaved", virtual_stages=3),
-           'make_layout: interleaved with pp=4, virtual_stages=3 needs pp > 1 and pp*virtual_stages dividing num_layers=32; fix: use a virtual_stages dividing 8 with pp > 1'),
-    'sim pp': (lambda: parallel.simulate_pipeline(0, 4),
-           'simulate_pipeline: pp=0 is invalid; fix: pass a positive integer'),
-    'sim m': (lambda: parallel.simulate_pipeline(2, 0),
-           'simulate_pipeline: micro_batches=0 is invalid; fix: pass a positive integer'),
-    'sim v': (lambda: parallel.simulate_pipeline(2, 4, virtual_stages=0),
-           'simulate_pipeline: virtual_stages=0 is invalid; fix: pass a positive integer'),
-    'sim sched': (lambda: parallel.simulate_pipeline(2, 4, "zb"),
-           "simulate_pipeline: schedule='zb' is unknown; fix: use one of ('gpipe', '1f1b', 'interleaved')"),
-    'fl pp': (lambda: parallel.pipeline_in_flight(0, 4),
-           'pipeline_in_flight: pp=0 is invalid; fix: pass a positive integer'),
-    'fl m': (lambda: parallel.pipeline_in_flight(2, 0),
-           'pipeline_in_flight: micro_batches=0 is invalid; fix: pass a positive integer'),
-    'fl v': (lambda: parallel.pipeline_in_flight(2, 4, virtual_stages=0),
-           'pipeline_in_flight: virtual_stages=0 is invalid; fix: pass a positive integer'),
-    'fl sched': (lambda: parallel.pipeline_in_flight(2, 4, "zb"),
-           "pipeline_in_flight: schedule='zb' is unknown; fix: use one of ('gpipe', '1f1b', 'interleaved')"),
-    'ct op': (lambda: parallel.collective_time("all_to_all", 100, 2, _HW),
-           "collective_time: op='all_to_all' is unknown; fix: use one of ('all_reduce', 'all_gather', 'reduce_scatter', 'broadcast')"),
-    'ct g': (lambda: parallel.collective_time("all_reduce", 100, 0, _HW),
-           'collective_time: group_size=0 is invalid; fix: pass a positive integer'),
-    'ag g': (lambda: parallel.ring_allgather_bytes(100, 0),
-           'ring_allgather_bytes: group_size=0 is invalid; fix: pass a positive integer'),
-    'pab neg': (lambda: parallel.pipeline_activation_bytes(-1, 2, 4),
-           'pipeline_activation_bytes: stage_bytes_per_micro_batch=-1; fix: pass the bytes one micro-batch leaves on one stage (>= 0)'),
-    'pab str': (lambda: parallel.pipeline_activation_bytes("1", 2, 4),
-           "pipeline_activation_bytes: stage_bytes_per_micro_batch='1'; fix: pass the bytes one micro-batch leaves on one stage (>= 0)"),
-    'fit one': (lambda: parallel.fit_alpha_beta([{"op": "all_reduce", "bytes": 4096, "seconds": 1e-3}], "all_reduce"),
-           "fit_alpha_beta: op='all_reduce' has 1 usable rows at 1 distinct sizes; fix: measure at least 2 sizes that ran, e.g. measure_collectives(ops=['all_reduce'])"),
-    'fit flat': (lambda: parallel.fit_alpha_beta([{"op": "all_reduce", "bytes": b, "seconds": t} for b, t in ((4096, 2e-3), (1 << 20, 1e-3))], "all_reduce"),
-           "fit_alpha_beta: op='all_reduce': time does not grow with size over [4096.0, 1048576.0] (the fitted 1/beta is not positive); fix: measure sizes spanning at least 100x, up to 16 MiB or more, with more repeats"),
-    'fit err': (lambda: parallel.fit_alpha_beta([{"op": "all_reduce", "bytes": 4096, "seconds": None, "error": "boom"}], "all_reduce"),
-           "fit_alpha_beta: op='all_reduce' has 0 usable rows at 0 distinct sizes (its rows carry errors: boom); fix: measure at least 2 sizes that ran, e.g. measure_collectives(ops=['all_reduce'])"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(_REFUSALS))
-def test_every_planner_refusal_is_one_exact_line(case):
-    call, line = _REFUSALS[case]
-    with pytest.raises(ValueError) as e:
-        call()
-    assert str(e.value) == line
-
-
-def test_the_edges_the_refusals_leave_open():
-    assert parallel.ring_allgather_bytes(100, 1) == 0 and parallel.collective_time("all_reduce", 100, 1, _HW) == 0.0
-    assert parallel.pipeline_activation_bytes(0, 2, 4) == 0
-    assert parallel.plan_parallel_layout(L7, 8, global_batch=8, memory_budget_bytes=1)    # nothing fits, still ranked
 
 
 def test_the_planner_lists_exactly_the_valid_layouts_with_make_layouts_costs():
@@ -578,3 +390,216 @@ def test_the_planner_on_a_mindformers_file_keeps_its_settings_and_varies_the_deg
     plans = plan_parallel_layout(str(DATA7), hardware=hw, micro_batches=[1, 2, 8])
     assert {(p.dp * p.mp * p.pp) for p in plans} == {8} and find_layout(plans, 8, 1, 1, 8) == own
     assert [p.step_time["step_s"] for p in plans if p.fits] == sorted(p.step_time["step_s"] for p in plans if p.fits)
+
+
+def test_the_planner_costs_a_layout_under_its_schedule():
+    from mshelpers import doctor
+    from mshelpers.parallel import plan_parallel_layout
+    kw = dict(global_batch=64, seq_len=4096)
+    base = make_layout(L7, 2, 4, 4, 8, **kw)
+    assert make_layout(L7, 2, 4, 4, 8, schedule="1f1b", **kw) == base           # the default is 1F1B
+    stage = stage_activation_bytes(base, "1f1b")["micro_batch_bytes"]
+    got = {}
+    for sched, v, order, held in (("gpipe", 1, "standard", 8), ("interleaved", 2, "standard", 5.5),
+                                  ("interleaved", 4, "standard", 4.75), ("interleaved", 2, "memory", 4)):
+        lay = make_layout(L7, 2, 4, 4, 8, schedule=sched, virtual_stages=v, interleaved_order=order, **kw)
+        got[sched, v, order] = lay
+        assert lay.bubble_fraction == pytest.approx(pipeline_bubble_fraction(4, 8, v))
+        assert (lay.schedule, lay.virtual_stages) == (sched, v) and sched in lay.name
+        assert lay.config.layout.vpp == v                                   # the YAML's pp_interleave_num
+        if order == "standard" and sched == "interleaved":                  # the doctor prices it as it is
+            assert lay.memory_per_device_bytes == doctor.memory_per_stage(lay.config)["memory_per_device_bytes"]
+        else:                     # the doctor counts 1F1B's (or Megatron's) micro-batches; the schedule holds more/fewer
+            assert lay.memory_per_device_bytes >= base.memory_per_device_bytes + math.ceil(
+                (held - 4) * stage) if sched == "gpipe" else lay.memory_per_device_bytes < doctor.memory_per_stage(
+                lay.config)["memory_per_device_bytes"]
+    # what the schedules hold, in the order of the micro-batches they keep on the first stage
+    assert got["gpipe", 1, "standard"].memory_per_device_bytes > got["interleaved", 2, "standard"]. \
+        memory_per_device_bytes > got["interleaved", 4, "standard"].memory_per_device_bytes > base.memory_per_device_bytes
+    plans = plan_parallel_layout(L7, 32, micro_batches=[8], schedule="interleaved", virtual_stages=4, **kw)
+    for p in plans:
+        if p.pp > 1:
+            assert p.virtual_stages == 4 and 32 % (p.pp * 4) == 0
+            assert p.bubble_fraction == pytest.approx(pipeline_bubble_fraction(p.pp, 8, 4))
+        else:
+            assert (p.schedule, p.virtual_stages) == ("1f1b", 1)
+    assert {p.pp for p in plans} <= {1, 2, 4, 8}
+    with pytest.raises(ValueError, match="pp > 1"):
+        make_layout(L7, 8, 4, 1, 1, schedule="interleaved", virtual_stages=2, **kw)
+    with pytest.raises(ValueError, match="virtual_stages"):
+        make_layout(L7, 2, 4, 4, 8, schedule="interleaved", virtual_stages=3, **kw)
+
+
+def test_the_planner_prices_flash_attention_when_asked():
+    """The emitted YAML sets use_flash_attention: True; pricing it without flash keeps the s² scores."""
+    kw = dict(global_batch=64, seq_len=4096, zero_stage=1)
+    plain = parallel.make_layout(L7, 8, 4, 1, 8, **kw)
+    flash = parallel.make_layout(L7, 8, 4, 1, 8, **kw, flash_attention=True)
+    assert flash.activation_bytes < plain.activation_bytes and flash.model_state_bytes == plain.model_state_bytes
+    plans = parallel.plan_parallel_layout(L7, 32, **kw, flash_attention=True)
+    assert parallel.find_layout(plans, 8, 4, 1, 8).memory_per_device_bytes == flash.memory_per_device_bytes
+    pp_plain = parallel.make_layout(L7.replace(recompute="none"), 2, 4, 4, 8, **kw)
+    pp_flash = parallel.make_layout(L7.replace(recompute="none"), 2, 4, 4, 8, **kw, flash_attention=True)
+    assert pipeline.stage_activation_bytes(pp_flash)["bytes"] < pipeline.stage_activation_bytes(pp_plain)["bytes"]
+    assert pp_flash.config.model.flash and not pp_plain.config.model.flash      # the YAML's use_flash_attention
+
+
+# ---------------------------------------------------------------- the step time on a Hardware profile
+def test_step_time_uses_inter_node_bandwidth_only_for_groups_that_cross_nodes():
+    lay = make_layout(L7, 8, 4, 1, 1, global_batch=64, seq_len=4096)
+    slow = Hardware(1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=1e10, devices_per_node=8)
+    fast = Hardware(1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=2e10, devices_per_node=8)
+    a = estimate_step_time(L7, lay, slow, global_batch=64, seq_len=4096)
+    b = estimate_step_time(L7, lay, fast, global_batch=64, seq_len=4096)
+    assert a["tp_s"] == b["tp_s"] > 0                        # 4-way tp stays inside an 8-device node
+    assert a["dp_total_s"] == pytest.approx(2 * b["dp_total_s"])   # the dp group (8 ranks, 4 apart) crosses nodes
+    assert 0 < a["comm_share"] < 1 and a["step_s"] == pytest.approx(sum(a[k] for k, _ in D.TERMS))
+
+
+def test_the_planners_step_time_uses_the_sequence_asked_for():
+    hw = Hardware.reference("ascend-910b")
+    best = plan_parallel_layout(L7, 8, global_batch=16, seq_len=1024, hardware=hw)[0]
+    assert L7.seq_len != 1024 and best.config.model.seq == 1024
+    assert best.step_time == estimate_step_time(L7, best, hw)                    # the layout's own config
+    bare = Layout(best.dp, best.mp, best.pp, best.micro_batches, best.micro_batch_size, 0, 0, 0.0)
+    assert best.step_time == estimate_step_time(L7, bare, hw, global_batch=16, seq_len=1024)
+    assert best.step_time != estimate_step_time(L7, bare, hw, global_batch=16, seq_len=L7.seq_len)
+
+
+HW_HAND = Hardware(peak_flops_per_device=1e15, intra_node_bytes_per_s=100e9, inter_node_bytes_per_s=10e9,
+                   devices_per_node=8, compute_efficiency=0.5, intra_node_latency_s=1e-5, inter_node_latency_s=1e-4)
+
+
+def test_estimate_step_time_is_the_doctors_step_on_the_same_profile():
+    lay = make_layout(L7.replace(recompute="full"), 2, 4, 2, 4, global_batch=16, seq_len=2048)
+    got = estimate_step_time(L7, lay, HW_HAND)
+    hw, cal = HW_HAND.to_doctor()
+    want = D.step_time(lay.config, hw, cal)
+    assert {k: got[k] for k in want} == want
+    comm = sum(want[k] for k in ("tp_s", "ep_s", "cp_s", "p2p_s", "dp_s"))
+    assert got["comm_share"] == pytest.approx(comm / want["step_s"], rel=1e-12)
+    # a hand-built profile has no fitted constants: its efficiency, the datasheet links
+    assert (cal.compute_efficiency, cal.comm_time_factor) == (0.5, 1.0) and hw.peak("bfloat16") == 1e15
+
+
+def test_estimate_step_time_pays_latency_once_per_pass_of_each_collective_that_exists():
+    cfg = L7.replace(recompute="none")
+    one = estimate_step_time(cfg, make_layout(cfg, 1, 1, 1, 1, global_batch=1, seq_len=128), HW_HAND)
+    assert (one["tp_s"], one["dp_total_s"], one["p2p_s"], one["bubble_s"]) == (0.0, 0.0, 0.0, 0.0)
+    assert one["comm_share"] == 0.0
+    # mp 2 and 3 micro-batches: 4 all-reduces of 2 passes per layer, 32 layers, 3 micro-batches, each pass pays
+    # the latency once (the bandwidth term is the same with and without it)
+    two = make_layout(cfg, 1, 2, 1, 3, global_batch=3, seq_len=128)
+    lat = estimate_step_time(cfg, two, HW_HAND)["tp_s"]
+    no_lat = estimate_step_time(cfg, two, dataclasses.replace(HW_HAND, intra_node_latency_s=0.0))["tp_s"]
+    assert lat - no_lat == pytest.approx(3 * 32 * 8 * 1e-5, rel=1e-9)
+
+
+def test_latency_enters_the_step_time_only_when_given():
+    lay = make_layout(L7, 2, 4, 4, 8, global_batch=64, seq_len=4096)
+    base = Hardware(1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=1e10)
+    slow = Hardware(1e14, intra_node_bytes_per_s=1e11, inter_node_bytes_per_s=1e10, intra_node_latency_s=1e-3,
+                    inter_node_latency_s=1e-2)
+    a = estimate_step_time(L7, lay, base)
+    b = estimate_step_time(L7, lay, slow)
+    n_tp = 8 * 8 * 8                     # micro-batches x layers a stage x (4 all-reduces of 2 passes)
+    assert b["tp_s"] - a["tp_s"] == pytest.approx(n_tp * 1e-3)                 # 4-way tp inside a node
+    assert b["dp_total_s"] - a["dp_total_s"] == pytest.approx(2 * 1e-3)         # dp ranks 4 apart: inside, 2 passes
+    assert b["p2p_s"] - a["p2p_s"] == pytest.approx(2 * 8 * 1e-2)              # stages 8 ranks apart: across
+
+
+def test_estimate_step_time_on_a_config_that_is_not_ours_counts_every_latency():
+    hw = hardware.Hardware(1e12, intra_node_bytes_per_s=1e10, inter_node_bytes_per_s=1e9, devices_per_node=8,
+                           intra_node_latency_s=1e-4, inter_node_latency_s=1e-3)
+    lay = parallel.make_layout(_foreign(MINI), 1, 2, 2, 2, global_batch=8)
+    ours = parallel.estimate_step_time(MINI, lay, hw)
+    assert parallel.estimate_step_time(_foreign(MINI), lay, hw) == ours
+    n_tp = 2 * 2 * 8                                      # m x (2 layers a stage x 4 all-reduces x 2 passes)
+    no_lat = parallel.estimate_step_time(MINI, lay, dataclasses.replace(hw, intra_node_latency_s=0.0))
+    assert ours["tp_s"] - no_lat["tp_s"] == pytest.approx(n_tp * 1e-4, rel=1e-9)
+    assert no_lat["tp_s"] == pytest.approx(lay.comm_tp_bytes / 1e10, rel=1e-12)     # bytes over the link
+
+
+def test_neighbouring_stages_are_dp_times_mp_ranks_apart():
+    # 2 dp ranks x 2 stages on nodes of 4: the stage pair spans 4 ranks, inside one node
+    hw = hardware.Hardware(1e12, intra_node_bytes_per_s=1e10, inter_node_bytes_per_s=1e8, devices_per_node=4,
+                           intra_node_latency_s=1e-5, inter_node_latency_s=1e-2)
+    lay = parallel.make_layout(MINI, 2, 1, 2, 2, global_batch=8)
+    got = parallel.estimate_step_time(MINI, lay, hw)
+    assert got["p2p_s"] == pytest.approx(lay.comm_pp_bytes / 1e10 + 2 * 2 * 1e-5, rel=1e-12)
+    # on nodes of 2 the same pair crosses a node
+    hw2 = dataclasses.replace(hw, devices_per_node=2)
+    got2 = parallel.estimate_step_time(MINI, lay, hw2)
+    assert got2["p2p_s"] == pytest.approx(lay.comm_pp_bytes / 1e8 + 2 * 2 * 1e-2, rel=1e-12)
+
+
+# ---------------------------------------------------------------- every refusal of the planner's functions, exactly
+_REFUSALS = {
+    'plan n_devices': (lambda: parallel.plan_parallel_layout(L7, 0, global_batch=8),
+           'plan_parallel_layout: n_devices=0 is invalid; fix: pass a positive integer'),
+    'plan global_batch': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=0),
+           'plan_parallel_layout: global_batch=0 is invalid; fix: pass a positive integer'),
+    'plan seq_len': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=8, seq_len=-1),
+           'plan_parallel_layout: seq_len=-1 is invalid; fix: pass a positive integer'),
+    'plan cfg': (lambda: parallel.plan_parallel_layout(_NS(), 8, global_batch=8),
+           'plan_parallel_layout: cfg=SimpleNamespace is not a RunConfig; fix: pass RunConfig.preset(...) or a mindformers YAML path'),
+    'make degrees': (lambda: parallel.make_layout(L7, 8, 4, global_batch=64),
+           'make_layout: pp=None with a RunConfig; fix: pass dp, mp, pp and global_batch (or a mindformers YAML to price its own layout)'),
+    'make file knob': (lambda: parallel.make_layout(str(DATA7), zero_stage=1),
+           'make_layout: zero_stage=1 with a mindformers config; fix: set it in the file (the planner varies only dp, mp, pp and the micro-batches of a file)'),
+    'plan file knob': (lambda: parallel.plan_parallel_layout(str(DATA7), flash_attention=True),
+           'plan_parallel_layout: flash_attention=True with a mindformers config; fix: set it in the file (the planner varies only dp, mp, pp and the micro-batches of a file)'),
+    'make file batch': (lambda: parallel.make_layout(str(DATA7), 4, 1, 1, global_batch=8),
+           'make_layout: global_batch=8 but the file trains on 64; fix: omit global_batch (the file\'s is kept)'),
+    'plan budget': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=8, memory_budget_bytes=0),
+           'plan_parallel_layout: memory_budget_bytes=0 is invalid; fix: a positive byte count'),
+    'plan m': (lambda: parallel.plan_parallel_layout(L7, 8, global_batch=8, micro_batches=[0]),
+           'plan_parallel_layout: micro_batches=0 is invalid; fix: pass a positive integer'),
+    'make v': (lambda: parallel.make_layout(L7, 8, 4, 1, 8, global_batch=64, virtual_stages=0),
+           'make_layout: virtual_stages=0 is invalid; fix: pass a positive integer'),
+    'make sched': (lambda: parallel.make_layout(L7, 8, 4, 1, 8, global_batch=64, schedule="zb"),
+           "make_layout: schedule='zb' is unknown; fix: use one of ('gpipe', '1f1b', 'interleaved')"),
+    'make inter': (lambda: parallel.make_layout(L7, 8, 4, 1, 8, global_batch=64, schedule="interleaved", virtual_stages=2),
+           'make_layout: interleaved with pp=1, virtual_stages=2 needs pp > 1 and pp*virtual_stages dividing num_layers=32; fix: use a virtual_stages dividing 32 with pp > 1'),
+    'make inter2': (lambda: parallel.make_layout(L7, 2, 4, 4, 8, global_batch=64, schedule="interleaved", virtual_stages=3),
+           'make_layout: interleaved with pp=4, virtual_stages=3 needs pp > 1 and pp*virtual_stages dividing num_layers=32; fix: use a virtual_stages dividing 8 with pp > 1'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_REFUSALS))
+def test_every_refusal_is_one_exact_line(case):
+    call, line = _REFUSALS[case]
+    with pytest.raises(ValueError) as e:
+        call()
+    assert str(e.value) == line
+
+
+def test_the_edges_the_refusals_leave_open():
+    assert parallel.plan_parallel_layout(L7, 8, global_batch=8, memory_budget_bytes=1)    # nothing fits, still ranked
+
+
+# ---------------------------------------------------------------- the real 2-rank tensor-parallel block (msrun, ~25 s)
+def test_two_rank_tensor_parallel_block_matches_one_device(tmp_path):
+    from mshelpers.launch import msrun
+    from mshelpers.workers import script_path
+    run = msrun(script_path("tp_block"), workers=2, log_dir=tmp_path, timeout=300)
+    for res in run.results():
+        dims = res["dims"]
+        good, plain = res["megatron_f_g"], res["plain_ops"]
+        # forward: split weights + AllReduce/AllGather reproduce the unsplit block
+        assert good["max_abs_err_block_out"] < 1e-5 and good["max_abs_err_logits"] < 1e-5
+        assert plain["max_abs_err_block_out"] < 1e-5
+        # backward: Megatron's f/g give the unsplit gradients; plain ops.AllReduce doubles them on 2 ranks
+        assert max(good["max_rel_err_grad"].values()) < 1e-4
+        assert plain["grad_ratio_wq"] == pytest.approx(2.0, rel=1e-4)
+        # every activation all-reduce moved one b·s·h block, as the planner's formula says
+        buf = tp_allreduce_buffer_bytes(dims["batch"], dims["seq"], dims["hidden"], 4)
+        ars = [c for c in good["collectives_one_forward"] if c[0] == "AllReduce"]
+        assert [c[3] for c in ars] == [buf, buf]
+        assert good["backward_allreduces"] == [buf] * 3   # 2 per layer + the output layer's input
+        # the planner (the doctor): 4 per layer and micro-batch; the output layer's backward one it does not count
+        per_layer = communication_bytes(L7, 1, 2, 1, 1, global_batch=1, seq_len=512)["tp_allreduces"] // 32
+        assert len(ars) + len(good["backward_allreduces"]) == per_layer + 1
+        # the naive MLP all-gathers the b·s·ffn/tp activation instead of all-reducing b·s·h
+        gathers = [c for c in res["naive_mlp"]["collectives_one_forward"] if c[0] == "AllGather"]
+        assert gathers[0][3] == dims["batch"] * dims["seq"] * dims["ffn"] // 2 * 4

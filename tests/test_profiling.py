@@ -140,15 +140,6 @@ def test_overhead_ratio():
         P.overhead_ratio([], [1.0])
 
 
-def test_plots_draw(plain_run, slow_data_run):
-    import matplotlib
-    matplotlib.use("Agg")
-    ax = P.plot_op_breakdown(P.op_type_table(plain_run), top=3)
-    assert len(ax.patches) == 4                                   # 3 types + "other"
-    ax = P.plot_step_timeline(slow_data_run, step=1)
-    assert ax.get_yticklabels()[-1].get_text() == "data_fn"       # data fetch drawn on top
-
-
 def test_find_profile_dirs_oldest_first(tmp_path):
     import os
     old = tmp_path / "a" / "host_1_20260101_ascend_ms"

@@ -1,7 +1,7 @@
-"""straggler_table: the per-rank table and the verdict against the run's own noise."""
+"""mshelpers.stragglers: straggler_table, the per-rank table and the verdict against the run's own noise."""
 import pytest
 
-from mshelpers.profiling import straggler_table
+from mshelpers.stragglers import straggler_table
 
 
 def test_table_values_and_straggler():

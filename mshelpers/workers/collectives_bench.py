@@ -3,7 +3,7 @@
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --log_dir=msrun_log --join=True collectives_bench.py \
         --sizes 4096,1048576,16777216 --ops all_reduce,all_gather,reduce_scatter,broadcast
 
-Launched by `mshelpers.parallel.measure_collectives`, which merges the ranks' rows. For each op and size:
+Launched by `mshelpers.collectives.measure_collectives`, which merges the ranks' rows. For each op and size:
 `--warmup` untimed calls, then `--repeats` timed calls. Before every timed call the ranks meet in a
 4-byte AllReduce (not timed), so they start together; the timed region is the collective plus
 `.asnumpy()` on its output, which waits until the result exists (PyNative launches asynchronously).

@@ -3,7 +3,7 @@
     msrun --worker_num=32 --local_worker_num=8 --master_addr=<node0> --master_port=8118 --node_rank=<k> \
           --log_dir=msrun_log --join=True semi_auto_llama.py --layout train.yaml --steps 20
 
-`train.yaml` is the mindformers training YAML written by `mshelpers.parallel.mindformers_yaml` (and
+`train.yaml` is the mindformers training YAML written by `mshelpers.mindformers_yaml.mindformers_yaml` (and
 checked by `validate_mindformers_yaml`): `parallel_config` (data_parallel, model_parallel,
 pipeline_stage, micro_batch_num), `runner_config` (batch_size = sequences per micro-batch per dp
 rank, gradient_accumulation_steps), `parallel` (enable_parallel_optimizer) and `model.model_config`.
@@ -19,7 +19,7 @@ On Ascend/GPU (the primary form, MindSpore >= 2.5): the train cell goes through
 for pp > 1 and `.hsdp(...)` (the parallel optimizer: optimizer_level "level1" shards the optimizer
 states over dp, ZeRO-1) when the YAML enables it. The legacy equivalent,
 `mindspore.set_auto_parallel_context(parallel_mode="semi_auto_parallel", enable_parallel_optimizer=...,
-pipeline_stages=...)`, is what `mshelpers.parallel.auto_parallel_context` returns; MindSpore 2.9's
+pipeline_stages=...)`, is what `mshelpers.mindformers_yaml.auto_parallel_context` returns; MindSpore 2.9's
 docstring says that function will be removed.
 
 On CPU (`--cpu-check`), MindSpore refuses semi-auto parallel. The worker then shows that refusal
@@ -34,7 +34,7 @@ import time
 import yaml
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--layout", required=True, help="mindformers YAML from mshelpers.parallel.mindformers_yaml")
+parser.add_argument("--layout", required=True, help="mindformers YAML from mshelpers.mindformers_yaml.mindformers_yaml")
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--cpu-check", action="store_true", help="CPU: show the semi_auto refusal, then data parallel")
 args = parser.parse_args()
