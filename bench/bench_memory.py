@@ -4,7 +4,7 @@ Usage (from the repo root; heavy, so take the shared lock):
     flock /tmp/heavy.lock .venv/bin/python bench/bench_memory.py [--modes pynative graph] [--steps 3]
 
 For every (mode, batch, seq_len, recompute, grad_accum) in the grid it trains a few steps
-in a fresh process (`mshelpers.memory.measure_peak`), then prints a Markdown table and
+in a fresh process (`mshelpers.memory_probe.measure_peak`), then prints a Markdown table and
 appends each row to build/bench/memory.csv: the estimate, the measured peak, the import
 baseline, the median step time and tokens/s. The last lines give the calibration
 (activation scale and constant overhead) fitted per mode on the recompute="none" rows.
@@ -16,7 +16,8 @@ import time
 
 from mshelpers.config import RunConfig, build_dir
 from mshelpers.peak import peak_flops as cached_peak_flops
-from mshelpers.memory import calibrate, estimate, measure_peak, train_for_peak
+from mshelpers.memory import calibrate, estimate
+from mshelpers.memory_probe import measure_peak, train_for_peak
 from mshelpers.table import append_csv, markdown_table
 
 GRID = [  # (batch, seq_len, recompute, grad_accum)

@@ -1,4 +1,6 @@
-"""Training memory: estimate it from a RunConfig, check it against a measured peak.
+"""Training memory, estimated: parameter counts, ZeRO model states, Korthikanti activations, and the estimate
+for a config built from them (the formulas the doctor prices every layer with). memory_probe.py measures the
+peak they are checked against, in a fresh process.
 
 Example:
     >>> from mshelpers.config import RunConfig
@@ -23,9 +25,8 @@ cost model for a model on a layout (mshelpers/doctor/, copied beside this file a
     >>> e["layout"], e["budget"] // 2**30, e["fits"]                         # doctest: +SKIP
     ('dp8-mp1-pp1', 58, True)
 
-All sizes are bytes. Pure Python: nothing here imports MindSpore except
-`measure_peak`, which runs a function in a fresh process and reads its peak.
-The module imports nothing from its siblings at load time, so it can be copied alone.
+All sizes are bytes. Pure Python: nothing here imports MindSpore. The module imports nothing from its
+siblings at load time, so it can be copied alone.
 
 What the estimator covers, and where each term is defined:
 - `activation_bytes_per_layer`, `output_activation_bytes`: Korthikanti's count, plus flash
@@ -59,12 +60,11 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from collections.abc import Mapping
 from fractions import Fraction
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 
 def _sibling(module: str, *names: str) -> Any:
@@ -94,7 +94,7 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 _HALF_DTYPES = ("float16", "bfloat16")
 
 
-# ---------------------------------------------------------------- parameter count
+# --- parameter count ---
 def llama_param_count(cfg: Any) -> int:
     """Parameters of mindformers' LlamaForCausalLM for `cfg` (no MindSpore needed).
 
@@ -106,6 +106,8 @@ def llama_param_count(cfg: Any) -> int:
         >>> from mshelpers.config import RunConfig
         >>> llama_param_count(RunConfig.preset("mini"))
         3688704
+
+    Taught in notebooks/04_data_parallel.ipynb.
     """
     return transformer_param_count(cfg, mlp="swiglu", tie_word_embeddings=False, bias=False,
                                    norm="rms", learned_positions=0, _fn="llama_param_count")
@@ -135,6 +137,8 @@ def transformer_param_count(cfg: Any, *, mlp: str | None = None, tie_word_embedd
         >>> transformer_param_count(dict(hidden_size=1600, num_layers=48, num_heads=25, vocab_size=50257),
         ...     mlp="gelu", tie_word_embeddings=True, bias=True, norm="layer", learned_positions=1024)
         1557611200
+
+    Taught in notebooks/11_your_own_model.ipynb.
     """
     spec = _spec(_fn, cfg, need=("hidden_size", "num_layers", "vocab_size"))
     h, L, v = spec.hidden_size, spec.num_layers, spec.vocab_size
@@ -161,7 +165,7 @@ def transformer_param_count(cfg: Any, *, mlp: str | None = None, tie_word_embedd
     return (1 if tied else 2) * v * h + pos * h + L * per_layer + per_norm
 
 
-# ---------------------------------------------------------------- model states
+# --- model states ---
 def model_state_breakdown(n_params: int, *, zero_stage: int = 0, dp: int = 1,
                           accounting: str | tuple[int, int, int] = "mixed",
                           parallel_optimizer: bool = False) -> dict[str, int]:
@@ -191,6 +195,8 @@ def model_state_breakdown(n_params: int, *, zero_stage: int = 0, dp: int = 1,
 
         >>> model_state_breakdown(1000, zero_stage=2, dp=4)
         {'params': 2000, 'grads': 500, 'optimizer_states': 3000}
+
+    Taught in notebooks/06_recompute_memory.ipynb.
     """
     n_params = _pos_count("model_state_bytes", "n_params", n_params)
     if zero_stage not in ZERO_STAGES:
@@ -223,12 +229,14 @@ def model_state_bytes(n_params: int, *, zero_stage: int = 0, dp: int = 1,
         (16.0, 5.5)
         >>> model_state_bytes(10**9, accounting="fp32_grads") / 1e9
         18.0
+
+    Taught in notebooks/06_recompute_memory.ipynb.
     """
     return sum(model_state_breakdown(n_params, zero_stage=zero_stage, dp=dp, accounting=accounting,
                                      parallel_optimizer=parallel_optimizer).values())
 
 
-# ---------------------------------------------------------------- activations
+# --- activations ---
 def activation_bytes_per_layer(seq_len: int, batch: int, hidden_size: int, n_heads: int, *, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
                                bytes_per_value: float = 2, flash_attention: bool = False,
@@ -271,6 +279,8 @@ def activation_bytes_per_layer(seq_len: int, batch: int, hidden_size: int, n_hea
         524288
         >>> activation_bytes_per_layer(128, 8, 256, 4, flash_attention=True) == 128 * 8 * 256 * 34
         True
+
+    Taught in notebooks/06_recompute_memory.ipynb.
     """
     s, b, h, a, t = (_pos_arg("activation_bytes_per_layer", n, v) for n, v in
                      (("seq_len", seq_len), ("batch", batch), ("hidden_size", hidden_size),
@@ -314,13 +324,15 @@ def output_activation_bytes(seq_len: int, batch: int, vocab_size: int, *, tp: in
 
         >>> output_activation_bytes(128, 8, 1024)
         4194304
+
+    Taught in notebooks/06_recompute_memory.ipynb (inside estimate).
     """
     s, b, v, t = (_pos_arg("output_activation_bytes", n, x) for n, x in
                   (("seq_len", seq_len), ("batch", batch), ("vocab_size", vocab_size), ("tp", tp)))
     return math.ceil(4 * s * b * v / t * bytes_per_value / 2)
 
 
-# ---------------------------------------------------------------- one device
+# --- one device ---
 def estimate_stage(*, stage_params: int, layers: int, seq_len: int, micro_batch: int, hidden_size: int,
                    num_heads: int, vocab_size: int, num_kv_heads: int | None = None,
                    ffn_hidden_size: int | None = None, arch: str = "gpt", dp: int = 1, tp: int = 1,
@@ -371,6 +383,8 @@ def estimate_stage(*, stage_params: int, layers: int, seq_len: int, micro_batch:
         ...                    num_heads=2, vocab_size=32, flash_attention=True, output_layer=False)
         >>> e["activations"] == 2 * 8 * 16 * 34 and e["total"] == 16_000 + e["activations"]
         True
+
+    Taught in notebooks/06_recompute_memory.ipynb (inside estimate).
     """
     fn = "estimate_stage"
     sp_, ly = _pos_arg(fn, "stage_params", stage_params), _pos_arg(fn, "layers", layers)
@@ -432,7 +446,7 @@ def estimate_stage(*, stage_params: int, layers: int, seq_len: int, micro_batch:
     return out
 
 
-# ---------------------------------------------------------------- whole config
+# --- whole config ---
 def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: int = 0,
              accounting: str | tuple[int, int, int] | None = None, bytes_per_value: int | None = None,
              sequence_parallel: bool | None = None, offload_optimizer: bool = False,
@@ -496,6 +510,8 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
         >>> e = estimate(RunConfig.preset("mini"))
         >>> e["params"], e["total"] == e["params"] + e["grads"] + e["optimizer_states"] + e["activations"]
         (14754816, True)
+
+    Taught in notebooks/06_recompute_memory.ipynb.
     """
     cfg = _spec("estimate", cfg)
     n_devices = _pos_count("estimate", "n_devices", n_devices)
@@ -531,7 +547,7 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
         overhead_bytes=overhead_bytes, n_params=n_params)
 
 
-# ---------------------------------------------------------------- mindformers configs: the doctor's price
+# --- mindformers configs: the doctor's price ---
 def estimate_from_mindformers_yaml(path: Any, *, budget_bytes: float | None = None, model_config: Any = None,
                                    hardware: str = "atlas-800t-a2") -> dict[str, Any]:
     """Per-device training memory of a mindformers training file against its budget, as the config doctor
@@ -549,6 +565,8 @@ def estimate_from_mindformers_yaml(path: Any, *, budget_bytes: float | None = No
         >>> e = estimate_from_mindformers_yaml("tests/data/mindformers/pretrain_llama2_7b.yaml")  # doctest: +SKIP
         >>> e["layout"], e["fits"]                                                                # doctest: +SKIP
         ('dp8-mp1-pp1', True)
+
+    Taught in notebooks/06_recompute_memory.ipynb.
     """
     D = _sibling("doctor")
     cfg = D.read_config(path, budget=budget_bytes, model_config=model_config)
@@ -566,6 +584,7 @@ def estimate_from_mindformers_yaml(path: Any, *, budget_bytes: float | None = No
     return out
 
 
+# --- budgets and calibration ---
 def fits(cfg: Any, budget_bytes: float, **kw: Any) -> bool:
     """True if `estimate(cfg, **kw)["total"]` is within `budget_bytes` per device.
 
@@ -573,6 +592,8 @@ def fits(cfg: Any, budget_bytes: float, **kw: Any) -> bool:
         >>> fits(RunConfig.preset("llama2-7b"), 64 * 2**30), fits(RunConfig.preset("llama2-7b").replace(
         ...     batch_size=8, recompute="full"), 64 * 2**30, n_devices=8, zero_stage=3)
         (False, True)
+
+    Taught in notebooks/06_recompute_memory.ipynb (max_batch_for_budget's test).
     """
     _check_budget("fits", budget_bytes)
     return estimate(_spec("fits", cfg), **kw)["total"] <= budget_bytes
@@ -589,6 +610,8 @@ def max_batch_for_budget(cfg: Any, budget_bytes: float, *, limit: int = 1 << 20,
         >>> mini = RunConfig.preset("mini")
         >>> max_batch_for_budget(mini, 2**30) < max_batch_for_budget(mini.replace(recompute="full"), 2**30)
         True
+
+    Taught in notebooks/06_recompute_memory.ipynb.
     """
     _check_budget("max_batch_for_budget", budget_bytes)
     cfg = _spec("max_batch_for_budget", cfg)
@@ -629,6 +652,8 @@ def calibrate(estimates: list[dict], measured_bytes: list[float], *,
         {'activation_scale': 2.0, 'overhead_bytes': 100.0}
         >>> calibrate(es[:1], [4 + 100 + 3 * 10], overhead_bytes=100)
         {'activation_scale': 3.0, 'overhead_bytes': 100}
+
+    Taught in notebooks/06_recompute_memory.ipynb.
     """
     need = 1 if overhead_bytes is not None else 2
     if len(estimates) != len(measured_bytes) or len(estimates) < need:
@@ -658,142 +683,14 @@ def calibrate(estimates: list[dict], measured_bytes: list[float], *,
     return {"activation_scale": round(slope, 4), "overhead_bytes": round(max(0.0, my - slope * mx), 0)}
 
 
-# ---------------------------------------------------------------- measurement
-@dataclass
-class PeakMemory:
-    """What `measure_peak` saw in the fresh process (bytes)."""
-    value: Any                     # fn's return value
-    peak_bytes: int                # the headline figure: device peak on Ascend/GPU, else peak RSS
-    source: str                    # "device" (ms.runtime.max_memory_allocated) or "rss"
-    peak_rss_bytes: int            # the child's peak resident set size
-    baseline_rss_bytes: int        # RSS just before fn ran (interpreter + preloaded modules)
-    device_peak_bytes: int | None  # ms.runtime.max_memory_allocated(), None if MindSpore unused
-    wall_s: float                  # fn's wall time in the child
-
-    @property
-    def work_rss_bytes(self) -> int:
-        """Peak RSS above the baseline: what fn itself added."""
-        return self.peak_rss_bytes - self.baseline_rss_bytes
-
-    @property
-    def peak_mb(self) -> float:
-        return self.peak_bytes / 2**20
-
-
-def _peak_child(fn: Callable, args: tuple, kwargs: dict, preload: tuple[str, ...], quiet: bool = False) -> dict:
-    """Runs inside the spawned process: preload, baseline, run, read the peaks."""
-    import importlib
-    import sys
-    import time
-    if quiet:   # the child shares the notebook's stdout/stderr; its import chatter is not the result
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-    rss_mb = _sibling("timing", "_rss_mb")            # MiB from KiB: x 2**20 gives the bytes back exactly
-    for name in preload:
-        importlib.import_module(name)
-    baseline = int(rss_mb("VmRSS") * 2**20)
-    t0 = time.perf_counter()
-    value = fn(*args, **kwargs)
-    wall = time.perf_counter() - t0
-    device_peak = None
-    if "mindspore" in sys.modules:
-        ms = sys.modules["mindspore"]
-        target = ms.get_context("device_target")
-        device_peak = int(ms.runtime.max_memory_allocated()) if target in ("Ascend", "GPU") else 0
-    return {"value": value, "wall_s": wall, "baseline": baseline, "peak_rss": int(rss_mb("VmHWM") * 2**20),
-            "device_peak": device_peak}
-
-
-def measure_peak(fn: Callable, *args: Any, preload: tuple[str, ...] = (), quiet: bool = True,
-                 timeout: float = 900, env: dict | None = None, **kwargs: Any) -> PeakMemory:
-    """Run `fn(*args, **kwargs)` in a fresh spawned process and return its peak memory.
-
-    On Ascend/GPU the headline is `ms.runtime.max_memory_allocated()` (the memory pool's
-    peak); on CPU that call returns 0, so the headline is the process's peak RSS.
-    `preload` names modules to import before the baseline RSS is read (e.g.
-    ("mindspore", "mindformers")), so `work_rss_bytes` excludes their import cost.
-    `quiet` sends the child's stdout/stderr to /dev/null (a failure still raises here,
-    with the child's traceback).
-    `fn` must be importable from a module file (not defined in a notebook cell); its
-    arguments and return value must pickle. Needs timing.py beside it (the fresh-process runner).
-
-        >>> from mshelpers.memory import measure_peak
-        >>> r = measure_peak(allocate_bytes, 200 * 2**20)        # doctest: +SKIP
-        >>> r.work_rss_bytes >= 200 * 2**20                      # doctest: +SKIP
-        True
-    """
-    if not callable(fn):
-        raise ValueError(f"measure_peak: fn={fn!r} is not callable; fix: pass a function defined in a module")
-    qual = getattr(fn, "__qualname__", "")
-    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in qual or "<lambda>" in qual:
-        raise ValueError(f"measure_peak: fn={qual or fn!r} cannot be imported by a fresh process "
-                         "(defined in a notebook, a script's __main__, a lambda or a closure); "
-                         "fix: define it at the top level of a .py module and import it")
-    if isinstance(preload, str):
-        preload = (preload,)
-    run_child = _sibling("timing", "_run_child")
-    out = run_child(_peak_child, (fn, args, kwargs, tuple(preload), quiet), {}, timeout=timeout, env=env,
-                    who="measure_peak", name=getattr(fn, "__name__", repr(fn)))[0]
-    device = out["device_peak"]
-    return PeakMemory(value=out["value"], peak_bytes=device if device else out["peak_rss"],
-                      source="device" if device else "rss", peak_rss_bytes=out["peak_rss"],
-                      baseline_rss_bytes=out["baseline"], device_peak_bytes=device, wall_s=out["wall_s"])
-
-
-def measure_peaks(fn: Callable, arg_tuples: list[tuple], *, parallel: int = 1, **kwargs: Any) -> list[PeakMemory]:
-    """`measure_peak(fn, *args, **kwargs)` for each args tuple, `parallel` fresh processes at a time.
-
-    Peak RSS is per process, so running two at once does not change it; their step times
-    do change, so only run memory-only measurements with parallel > 1.
-
-        >>> rs = measure_peaks(allocate_bytes, [(2**20,), (2**21,)], parallel=2)   # doctest: +SKIP
-    """
-    if not isinstance(parallel, numbers.Integral) or isinstance(parallel, bool) or parallel < 1:
-        raise ValueError(f"measure_peaks: parallel={parallel!r} is invalid; fix: pass a positive integer")
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(parallel) as pool:   # threads only wait on their child processes
-        return list(pool.map(lambda args: measure_peak(fn, *args, **kwargs), arg_tuples))
-
-
-def allocate_bytes(n_bytes: int, hold_s: float = 0.0) -> int:
-    """Touch `n_bytes` of fresh memory and return how many were touched (a measure_peak self-check)."""
-    import time
-    buf = bytearray(n_bytes)
-    for i in range(0, n_bytes, 4096):   # write each page so it becomes resident
-        buf[i] = 1
-    if hold_s:
-        time.sleep(hold_s)
-    return len(buf)
-
-
-def train_for_peak(cfg: Any, steps: int = 5, peak_flops: float | None = None,
-                   set_memory: dict | None = None) -> dict:
-    """Train `cfg` for `steps` steps with `mshelpers.train.train`; return its summary dict.
-
-    A ready-made `measure_peak` workload: `measure_peak(train_for_peak, cfg, 5)` gives the
-    peak memory of a short run of `cfg` in a fresh process, and the summary its step time.
-    `set_memory` goes to `ms.runtime.set_memory(**set_memory)` first (e.g.
-    {"max_size": "28GB", "optimize_level": "O1"}); it must precede the first op, which a
-    fresh process guarantees. The per-step CSV goes to build/memory/.
-    """
-    build_dir = _sibling("config", "build_dir")
-    train = _sibling("train", "train")
-    if set_memory:
-        import mindspore as ms
-        ms.runtime.set_memory(**set_memory)
-    name = (f"{cfg.name}-{cfg.mode}-b{cfg.batch_size}-s{cfg.seq_len}-{cfg.recompute}"
-            f"-acc{cfg.grad_accum}.csv")
-    hist = train(cfg, steps, progress=False, peak_flops=peak_flops, csv_path=build_dir("memory") / name)
-    return hist.summary()
-
-
-# ---------------------------------------------------------------- small helpers
+# --- small helpers ---
 def human_bytes(n: float) -> str:
     """'1.50 GiB' style, binary units.
 
         >>> human_bytes(3 * 2**29)
         '1.50 GiB'
+
+    Taught in notebooks/06_recompute_memory.ipynb.
     """
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -163,7 +163,7 @@ def test_graph_accumulation_keeps_one_micro_batch_of_memory_live():
     """GRAPH_MODE grad_accum=2 at the same sequences per update: the peak (fresh processes, RSS above the imports)
     falls to about half. A graph per micro-batch, or one graph unrolling both, held both micro-batches' working
     memory (0.92 of the plain run's here); the shared gradient graph and the Parameter buffer hold one (0.54)."""
-    from mshelpers.memory import measure_peaks, train_for_peak
+    from mshelpers.memory_probe import measure_peaks, train_for_peak
     base = RunConfig.preset("tiny").replace(mode="graph", steps=2, seq_len=256)
     plain, accum = measure_peaks(train_for_peak, [(base.replace(batch_size=32), 2, 1e11),
                                                   (base.replace(batch_size=16, grad_accum=2), 2, 1e11)],

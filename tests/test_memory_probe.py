@@ -1,0 +1,152 @@
+"""mshelpers.memory_probe: a function's peak memory measured in a fresh process (measure_peak, measure_peaks),
+the child's body, and the workloads (allocate_bytes, train_for_peak)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mshelpers import memory_probe
+from mshelpers.config import RunConfig
+from mshelpers.memory_probe import measure_peak
+
+
+# Named without "measure_peak": `make mutate` deselects those (their RSS figures are mutmut's under it), and
+# these run in mutmut's runner too. None of them asserts an RSS size.
+def test_a_function_a_fresh_process_cannot_import_is_refused_before_a_process_starts():
+    with pytest.raises(ValueError, match="lambda"):
+        measure_peak(lambda: 1)
+
+    def local():
+        return 1
+    with pytest.raises(ValueError, match="closure"):
+        measure_peak(local)
+    with pytest.raises(ValueError, match="fn=3 is not callable; fix"):
+        measure_peak(3)
+    with pytest.raises(ValueError, match="__main__"):
+        measure_peak(type("F", (), {"__call__": lambda self: 1, "__module__": "__main__"})())
+
+
+
+@pytest.mark.parametrize("parallel", [0, -1, True, 1.5, "2"])
+def test_peaks_in_parallel_need_a_positive_integer(parallel):
+    with pytest.raises(ValueError, match=f"parallel={parallel!r} is invalid; fix: pass a positive integer"):
+        memory_probe.measure_peaks(memory_probe.allocate_bytes, [(1,)], parallel=parallel)
+
+
+
+def test_allocate_bytes_touches_what_it_is_asked_and_holds():
+    import time
+    t0 = time.perf_counter()
+    assert memory_probe.allocate_bytes(0) == 0 and memory_probe.allocate_bytes(10_000) == 10_000
+    assert time.perf_counter() - t0 < 0.5                               # no hold by default
+    t0 = time.perf_counter()
+    assert memory_probe.allocate_bytes(4096, hold_s=0.2) == 4096
+    assert time.perf_counter() - t0 >= 0.2
+    with pytest.raises(ValueError):
+        memory_probe.allocate_bytes(-1)
+
+
+
+def test_the_child_body_preloads_then_measures_the_work_alone(tmp_path, monkeypatch):
+    import functools
+    import sys
+    name = f"msh_preload_probe_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert name not in sys.modules
+    out = memory_probe._peak_child(memory_probe.allocate_bytes, (64 * 2**20,), {"hold_s": 0.05}, (name,))
+    assert name in sys.modules                                      # preloaded before the baseline
+    assert set(out) == {"value", "wall_s", "baseline", "peak_rss", "device_peak"}
+    assert out["value"] == 64 * 2**20 and 0.05 <= out["wall_s"] < 1.5     # pages touched 4 KiB apart
+    assert 0 < out["baseline"] <= out["peak_rss"]
+    assert out["device_peak"] == (0 if "mindspore" in sys.modules else None)     # CPU: no device pool
+    # the baseline is the current RSS, the peak the high-water mark: after a freed 256 MiB they differ by it
+    memory_probe.allocate_bytes(256 * 2**20)
+    out = memory_probe._peak_child(memory_probe.allocate_bytes, (2**20,), {}, ())
+    assert out["baseline"] < out["peak_rss"] - 200 * 2**20
+    monkeypatch.delitem(sys.modules, "mindspore", raising=False)     # a process that never imported MindSpore
+    assert memory_probe._peak_child(memory_probe.allocate_bytes, (1,), {}, ())["device_peak"] is None
+    with pytest.raises(ModuleNotFoundError):
+        memory_probe._peak_child(memory_probe.allocate_bytes, (1,), {}, ("msh_no_such_module_anywhere",))
+    # quiet sends the child's stdout and stderr to /dev/null (fds 1 and 2 put back here afterwards)
+    where = lambda: (os.readlink("/proc/self/fd/1"), os.readlink("/proc/self/fd/2"))
+    assert memory_probe._peak_child(where, (), {}, ())["value"] != (os.devnull, os.devnull)      # not quiet by default
+    saved = os.dup(1), os.dup(2)
+    try:
+        got = memory_probe._peak_child(where, (), {}, (), quiet=True)["value"]
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+    assert got == (os.devnull, os.devnull)
+
+
+
+def test_a_peak_in_a_fresh_process_reports_every_field():
+    import os
+    r = memory_probe.measure_peak(memory_probe.allocate_bytes, 128 * 2**20, preload="json", hold_s=0.1)
+    assert r.value == 128 * 2**20 and r.wall_s >= 0.1
+    assert r.work_rss_bytes >= 0.95 * 128 * 2**20                        # every page touched, so resident
+    assert r.source == "rss" and r.device_peak_bytes is None            # no MindSpore in the child
+    assert r.peak_bytes == r.peak_rss_bytes >= r.baseline_rss_bytes > 0
+    assert r.work_rss_bytes == r.peak_rss_bytes - r.baseline_rss_bytes
+    assert memory_probe.measure_peak(os.getenv, "MSH_SPAWN_VAR", env={"MSH_SPAWN_VAR": "v"}).value == "v"
+    with pytest.raises(TimeoutError, match="timeout=1.5s"):
+        memory_probe.measure_peak(memory_probe.allocate_bytes, 1, hold_s=60, timeout=1.5)
+    rs = memory_probe.measure_peaks(os.getenv, [("MSH_SPAWN_VAR",), ("HOME",)], parallel=2, env={"MSH_SPAWN_VAR": "w"})
+    assert [x.value for x in rs] == ["w", os.environ.get("HOME")]
+
+
+
+def test_train_for_peak_runs_the_config_and_returns_its_summary():
+    from mshelpers.config import build_dir
+    from mshelpers.table import read_csv
+    cfg = RunConfig.preset("tiny").replace(mode="pynative", name="tfp")
+    s = memory_probe.train_for_peak(cfg, 2)
+    assert s["steps"] == 2 and s["run"] == "tfp" and s["mode"] == "pynative" and s["final_loss"] > 0
+    csv = build_dir("memory") / f"tfp-pynative-b{cfg.batch_size}-s{cfg.seq_len}-none-acc1.csv"
+    assert [r["step"] for r in read_csv(csv)][-2:] == [1, 2]
+
+
+
+def test_measure_peak_forwards_a_child_failure():
+    with pytest.raises(RuntimeError, match="ValueError"):
+        measure_peak(memory_probe.allocate_bytes, -1)          # bytearray(-1) raises in the child
+
+
+
+def test_measure_peak_sees_an_allocation_in_a_fresh_process():
+    n = 200 * 2**20
+    r = measure_peak(memory_probe.allocate_bytes, n)
+    assert r.value == n
+    assert r.source == "rss" and r.device_peak_bytes is None    # no MindSpore touched
+    assert r.work_rss_bytes >= n * 0.95
+    assert r.peak_bytes == r.peak_rss_bytes >= r.baseline_rss_bytes + n * 0.95
+    small = measure_peak(memory_probe.allocate_bytes, 1 * 2**20)
+    assert small.work_rss_bytes < n / 2                          # a fresh process: no leftover peak
+
+
+
+def test_measure_peaks_keeps_order_in_parallel():
+    rs = memory_probe.measure_peaks(memory_probe.allocate_bytes, [(150 * 2**20,), (2**20,)], parallel=2)
+    assert [r.value for r in rs] == [150 * 2**20, 2**20]
+    assert rs[0].work_rss_bytes > rs[1].work_rss_bytes + 100 * 2**20
+    with pytest.raises(ValueError, match="parallel=0"):
+        memory_probe.measure_peaks(memory_probe.allocate_bytes, [(1,)], parallel=0)
+
+
+
+def test_concurrent_measure_peaks_each_child_sees_its_own_env():
+    # measure_peaks(parallel=2) spawns from two threads; each child must get its own env (notebook 06's
+    # graph runs lost MS_DEV_SAVE_GRAPHS this way), and the parent's os.environ must stay untouched.
+    import os
+    for _ in range(3):
+        rs = memory_probe.measure_peaks(os.getenv, [("MSH_TEST_VAR",)], parallel=1, env={"MSH_TEST_VAR": "solo"})
+        assert rs[0].value == "solo"
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda v: measure_peak(os.getenv, "MSH_TEST_VAR", env={"MSH_TEST_VAR": v}).value,
+                                ["a", "b"]))
+        assert got == ["a", "b"]
+        assert "MSH_TEST_VAR" not in os.environ
+
