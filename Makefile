@@ -95,7 +95,8 @@ bench-pytorch: $(STAMP)
 	$(BIN)/pip install -q -r bench/requirements.txt
 	$(BIN)/python -m bench.compare_pytorch
 
-# Mutation testing of metrics, peak, memory, parallel, checkpoint, data and stability against their fast unit tests
+# Mutation testing of metrics, peak, memory, parallel (and pipeline, collectives, hardware, mindformers_yaml, shards),
+# checkpoint, data and stability against their fast unit tests
 # ([tool.mutmut] in pyproject.toml). Not part of CI: it takes hours on 2 cores. Score: tests/README.md.
 # One module at a time:  make mutate MUTANTS='mshelpers.data.*'
 MUTANTS ?=
