@@ -45,6 +45,8 @@ def flops_per_token(n_params: int, n_layers: int, hidden_size: int, seq_len: int
     6N covers the forward (2N) and backward (4N) matmuls over all N parameters;
     12*L*H*T adds the attention score and value matmuls (H = heads * head_dim =
     hidden_size, T = sequence length). `attention=False` returns 6N only.
+
+    Taught in notebooks/00_environment.ipynb.
     """
     n_params, n_layers, hidden_size, seq_len = (
         _count("flops_per_token", name, v) for name, v in (("n_params", n_params), ("n_layers", n_layers),
@@ -70,6 +72,8 @@ def mfu(tokens_per_s: float, flops_per_token: float, n_devices: int, peak_flops_
 
     tokens_per_s is global (all devices). Warns when the result exceeds 1.0, which
     cannot happen: the peak is too low or the token rate is wrong.
+
+    Taught in notebooks/01_pynative_baseline.ipynb.
     """
     import numbers
     for name, v in (("tokens_per_s", tokens_per_s), ("flops_per_token", flops_per_token),
@@ -94,17 +98,23 @@ def share_of_achievable(tokens_per_s: float, flops_per_token: float, n_devices: 
                         measured_peak_flops: float | None = None) -> float:
     """Achieved model FLOP/s over the measured MatMul peak (`peak.peak_flops()`, cached; read from peak.py
     only when `measured_peak_flops` is not given): how much of what this machine's kernels actually reach.
-    Shown beside MFU, never instead of it."""
+    Shown beside MFU, never instead of it.
+
+    Taught in notebooks/01_pynative_baseline.ipynb.
+    """
     peak = measured_peak_flops if measured_peak_flops is not None else _sibling("peak", "peak_flops")()
     return float(tokens_per_s) * float(flops_per_token) / (_count("share_of_achievable", "n_devices", n_devices)
                                                            * float(peak))
 
 
+# --- this process's peak memory ---
 def peak_memory_mb() -> float:
     """Peak memory of this process in MiB: device peak on Ascend/GPU, peak RSS on CPU.
 
     On CPU `ms.runtime.max_memory_allocated()` returns 0, so the process peak RSS
     (which only grows) is the figure; compare runs in fresh processes.
+
+    Taught in notebooks/11_your_own_model.ipynb (StepLogger's peak_mem_mb).
     """
     import sys
     ms = sys.modules.get("mindspore")   # a process that has not imported MindSpore has no device memory
@@ -126,6 +136,7 @@ def peak_memory_mb() -> float:
         return ru / 2**20 if sys.platform == "darwin" else ru / 1024
 
 
+# --- StepLogger: one CSV row per step ---
 COLUMNS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "mfu",
            "peak_mem_mb", "overflow", "loss_scale", "spike")
 
@@ -183,6 +194,8 @@ class StepLogger:
     An existing non-empty CSV is never truncated silently: pass `append=True` to continue it (a resumed
     run) or `overwrite=True` to start it over; with neither, the constructor raises ValueError.
     tokens_per_step and n_devices are global, so tokens/s is the job's, not one rank's.
+
+    Taught in notebooks/11_your_own_model.ipynb.
     """
 
     def __init__(self, csv_path: str | os.PathLike | None, tokens_per_step: int, flops_per_token: float,
@@ -319,8 +332,12 @@ def _fixed_lr(optimizer: Any) -> float:
     return float("nan")
 
 
+# --- a run's summary ---
 def summarize(rows: list[dict], skip_first: int = 1) -> dict[str, Any]:
-    """Compile time (first step), medians over the steady steps, final loss and counts."""
+    """Compile time (first step), medians over the steady steps, final loss and counts.
+
+    Taught in notebooks/11_your_own_model.ipynb.
+    """
     if not rows:
         raise ValueError("summarize: rows is empty; fix: log at least one step")
     steady = rows[skip_first:] or rows

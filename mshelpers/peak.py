@@ -48,7 +48,10 @@ DATASHEET_PEAK_FLOPS: dict[str, dict[str, Any]] = {
 
 
 def cpu_info() -> dict[str, Any]:
-    """What this machine says about itself: CPU model, family, usable threads, vector flags."""
+    """What this machine says about itself: CPU model, family, usable threads, vector flags.
+
+    Taught in notebooks/00_environment.ipynb.
+    """
     info: dict[str, Any] = {"cpu_model": platform_processor(), "cpu_family": None, "threads": _threads(),
                             "flags": set(), "mhz": None, "vendor": None}
     try:
@@ -73,6 +76,7 @@ def cpu_info() -> dict[str, Any]:
 
 
 def platform_processor() -> str:
+    """The processor's name as the platform module gives it, else "unknown". No notebook: cpu_info's fallback."""
     import platform
     return platform.processor() or platform.machine() or "unknown"
 
@@ -87,7 +91,10 @@ def _threads() -> int:
 def fp32_fma_lanes(info: dict[str, Any]) -> tuple[int, str]:
     """fp32 lanes one FMA unit of this CPU computes per cycle, and the name of its vector ISA: 16 with AVX-512, 8
     with AVX2+FMA, 4 with SSE. AMD Zen 4 (vendor AuthenticAMD, family 25, with AVX-512) runs AVX-512 on 256-bit
-    units, two cycles per 512-bit FMA (AMD's Zen 4 software optimisation guide, 57647), so 8 there."""
+    units, two cycles per 512-bit FMA (AMD's Zen 4 software optimisation guide, 57647), so 8 there.
+
+    Taught in notebooks/00_environment.ipynb.
+    """
     flags = info.get("flags") or set()
     if "avx512f" in flags:
         if info.get("vendor") == "AuthenticAMD" and str(info.get("cpu_family")) == "25":
@@ -103,6 +110,8 @@ def theoretical_peak_flops(verbose: bool = True, fma_units: int = 2) -> float:
     units, 4 with SSE) x 2 (an FMA is a multiply and an add) x `fma_units` (2 on server Xeons and on Zen 4/5;
     some client parts have 1). The clock is the nominal one /proc/cpuinfo shows: turbo can beat it, thermal
     limits and AVX-512 down-clocking fall short (`hardware_peak_flops` uses the maximum clock instead).
+
+    Taught in notebooks/00_environment.ipynb (as hardware_peak_flops' formula).
     """
     info = cpu_info()
     mhz = info["mhz"]
@@ -159,7 +168,10 @@ def measured_clock_mhz() -> tuple[float | None, str]:
     """The core clock, measured: `_CLOCK_PROBE_C` built with the system C compiler ($CC, else cc or gcc) into a
     temporary folder and run once per process (about 0.2 s). For a VM that hides its clock (no cpufreq, only
     the nominal 'cpu MHz'), this is the turbo clock the MatMuls actually ran at. (None, why) when there is no
-    compiler, no chain for this architecture, the probe fails, or it reads outside 100 MHz - 10 GHz."""
+    compiler, no chain for this architecture, the probe fails, or it reads outside 100 MHz - 10 GHz.
+
+    Taught in notebooks/00_environment.ipynb.
+    """
     if "result" in _CLOCK_PROBE:
         return _CLOCK_PROBE["result"]
     import shutil
@@ -189,7 +201,10 @@ def max_clock_mhz() -> tuple[float | None, str]:
     """The highest clock this CPU runs at, and where it was read: cpufreq's cpuinfo_max_freq when the
     kernel exposes it; else the higher of the measured clock (the one `peak_flops()` cached with this machine's
     MatMul peak, else `measured_clock_mhz()` now) and the largest 'cpu MHz' in /proc/cpuinfo (a VM shows its
-    nominal clock there, below the turbo its cores run at)."""
+    nominal clock there, below the turbo its cores run at).
+
+    Taught in notebooks/00_environment.ipynb.
+    """
     try:
         khz = float(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text())
         if khz > 0:
@@ -240,6 +255,8 @@ def hardware_peak_flops(dtype: str = "float32", *, device: str | None = None, ve
     construction. On Ascend/GPU: the datasheet figure of DATASHEET_PEAK_FLOPS for `device` (a key
     of that table) at `dtype`. The measured peak stays beside it as "share of achievable"
     (`share_of_achievable`).
+
+    Taught in notebooks/00_environment.ipynb.
     """
     if device is not None and device != "CPU":
         if device not in DATASHEET_PEAK_FLOPS:
@@ -355,7 +372,10 @@ def _proc_cpu() -> dict[int, tuple[str, int, int]] | None:
 def competing_processes(interval: float = PEAK_SAMPLE_S, min_share: float = PEAK_LIST_SHARE) -> list[dict] | None:
     """The processes other than this one and its descendants that used more than `min_share` of a core over
     `interval` seconds (two reads of /proc/<pid>/stat): [{"name", "pid", "core_share"}], busiest first.
-    None where there is no /proc (macOS)."""
+    None where there is no /proc (macOS).
+
+    Taught in notebooks/00_environment.ipynb (the load peak_flops records).
+    """
     for name, v in (("interval", interval), ("min_share", min_share)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
             raise ValueError(f"competing_processes: {name}={v!r} is invalid; fix: pass a number >= 0")
@@ -521,6 +541,8 @@ def peak_flops(refresh: bool = False, *, dtype: str = "float32", repeats: int = 
     A cache entry without the load fields (written before this rule) or recorded as loaded is measured
     again; a corrupt cache file is ignored (one-line warning) and rewritten.
     On Ascend, pass dtype="float16" (or "bfloat16") to measure the cube unit's peak.
+
+    Taught in notebooks/00_environment.ipynb.
     """
     if dtype not in ("float32", "float16", "bfloat16"):
         raise ValueError(f"peak_flops: dtype={dtype!r} is invalid; fix: float32, float16 or bfloat16")
@@ -594,7 +616,10 @@ def _warn_loaded(rec: dict, path: Path, kept: dict | None = None) -> None:
 def peak_flops_record(dtype: str = "float32") -> dict | None:
     """The record behind peak_flops() on this machine: the cached entry as stored (None before the first
     measurement or when the file is unreadable), or, when this process's measurement was refused as
-    loaded and so not cached, that measurement (with "loaded": True and its "load_reasons")."""
+    loaded and so not cached, that measurement (with "loaded": True and its "load_reasons").
+
+    Taught in notebooks/00_environment.ipynb.
+    """
     info, _, key = _peak_key(dtype)
     if key in _UNCACHED and _peak_entry_problem(_read_peak_cache(_peak_cache_path(), note=False).get(key),
                                                 info) is not None:

@@ -122,6 +122,8 @@ def run_isolated(fn: Callable, *args: Any, timeout: float = 900, env: dict | Non
     inherit the environment the server started with. Not with `env`: MindSpore reads some MS_*
     variables at import, which the server has done already.
     An exception in the child is re-raised here as RuntimeError carrying the child's traceback.
+
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     if getattr(fn, "__module__", None) == "__main__":
         raise ValueError(f"run_isolated: fn={fn.__name__!r} is defined in __main__ (a notebook or script); "
