@@ -20,6 +20,10 @@ counter, hence the learning-rate position), the loss-scaler state, the step, the
 position and MindSpore's RNG state: everything exact resume needs. It is written to a
 temporary file and renamed into place, so a kill mid-write never leaves a half file
 under the final name; MindSpore's CRC check catches files damaged afterwards.
+
+A training run's checkpoints are one `CheckpointManager`, which owns their state (torchtitan's components do
+this): which checkpoint a resume continues, the pending write that the next finite loss commits, and what a
+preemption saves. `run_lock` and `move_run_aside` keep one run per folder (the CLI, train_cli.py).
 """
 from __future__ import annotations
 
@@ -33,8 +37,10 @@ NAME = re.compile(r"^step_(\d{6,})\.ckpt$")
 TMP_PREFIX = ".tmp-"
 
 
+# --- errors, and what a checkpoint holds ---
 class CorruptCheckpoint(RuntimeError):
-    """The file exists but cannot be read back intact (truncated, bit-flipped, foreign)."""
+    """The file exists but cannot be read back intact (truncated, bit-flipped, foreign).
+    Taught in notebooks/11_your_own_model.ipynb."""
 
 
 def _as_step(fn: str, name: str, v) -> int:
@@ -59,6 +65,7 @@ def _state(net, optimizer, loss_scaler) -> dict[str, Any]:
     return entries
 
 
+# --- write and commit ---
 def write_pending(ckpt_dir: str | os.PathLike, net, optimizer=None, *, step: int, data_pos: int,
                   loss_scaler=None, run: dict | None = None, loss: float | None = None) -> Path:
     """Write the checkpoint of `step` under a temporary name (invisible to readers) and return that path.
@@ -69,6 +76,7 @@ def write_pending(ckpt_dir: str | os.PathLike, net, optimizer=None, *, step: int
     step's logged loss, a float32 value, so stored exactly) as `meta.loss`, so a resume can tell which metrics
     row is the real one.
     A failed write (a full disk, a kill signal turned into an exception) removes its own temp file.
+    Taught in: no notebook; train()'s CheckpointManager calls it (README, Reliability).
     """
     import mindspore as ms
     step = _as_step("save", "step", step)
@@ -114,6 +122,7 @@ def commit(pending: str | os.PathLike, run_id: str | None = None) -> Path:
 
     With `run_id`, a file already at that name that belongs to another run, or holds another step, is moved
     into `foreign/` first (kept, and said), never overwritten.
+    Taught in: no notebook; train()'s CheckpointManager calls it (README, Reliability).
     """
     pending = Path(pending)
     m = re.match(rf"^{re.escape(TMP_PREFIX)}\d+-(step_\d{{6,}}\.ckpt)$", pending.name)
@@ -135,7 +144,8 @@ def commit(pending: str | os.PathLike, run_id: str | None = None) -> Path:
 
 def save(ckpt_dir: str | os.PathLike, net, optimizer=None, *, step: int, data_pos: int,
          loss_scaler=None, keep: int | None = None, run: dict | None = None) -> Path:
-    """Write `ckpt_dir/step_<step>.ckpt` atomically and return its path; keep the newest `keep` good files."""
+    """Write `ckpt_dir/step_<step>.ckpt` atomically and return its path; keep the newest `keep` good files.
+    Taught in notebooks/11_your_own_model.ipynb."""
     if keep is not None and (not isinstance(keep, int) or keep < 1):
         raise ValueError(f"checkpoint.save: keep={keep} is invalid; fix: keep at least 1 checkpoint")
     final = commit(write_pending(ckpt_dir, net, optimizer, step=step, data_pos=data_pos,
@@ -145,8 +155,10 @@ def save(ckpt_dir: str | os.PathLike, net, optimizer=None, *, step: int, data_po
     return final
 
 
+# --- list, read, load ---
 def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[Path]:
-    """Checkpoint files in `ckpt_dir`, newest step first (temporary files ignored)."""
+    """Checkpoint files in `ckpt_dir`, newest step first (temporary files ignored).
+    Taught in: no notebook; train()'s CheckpointManager calls it (README, Reliability)."""
     d = Path(ckpt_dir)
     if not d.is_dir():
         return []
@@ -155,7 +167,8 @@ def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[Path]:
 
 
 def clean_temp(ckpt_dir: str | os.PathLike) -> list[Path]:
-    """Delete leftover temp files (from a killed or failed write); call it only while no writer runs."""
+    """Delete leftover temp files (from a killed or failed write); call it only while no writer runs.
+    Taught in: no notebook; train()'s CheckpointManager calls it (README, Reliability)."""
     d = Path(ckpt_dir)
     gone = [p for p in d.glob(f"{TMP_PREFIX}*")] if d.is_dir() else []
     for p in gone:
@@ -164,7 +177,8 @@ def clean_temp(ckpt_dir: str | os.PathLike) -> list[Path]:
 
 
 def read(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a checkpoint into a name -> Parameter dict, or raise CorruptCheckpoint naming the file."""
+    """Read a checkpoint into a name -> Parameter dict, or raise CorruptCheckpoint naming the file.
+    Taught in notebooks/11_your_own_model.ipynb."""
     import mindspore as ms
     path = Path(path)
     if not path.is_file():
@@ -180,7 +194,8 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def info(params: dict[str, Any]) -> dict[str, Any]:
-    """Step, data position and run identity of a `read()` result."""
+    """Step, data position and run identity of a `read()` result.
+    Taught in: no notebook; train()'s CheckpointManager calls it (README, Reliability)."""
     def value(v):
         return int(v.asnumpy() if hasattr(v, "asnumpy") else v)
     out = {k: value(params[f"meta.{k}"]) for k in ("step", "data_pos") if f"meta.{k}" in params}
@@ -194,7 +209,8 @@ def info(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def nonfinite_params(params: dict[str, Any]) -> list[str]:
-    """Names of the float entries holding NaN or inf (weights, moments)."""
+    """Names of the float entries holding NaN or inf (weights, moments).
+    Taught in: no notebook; train()'s CheckpointManager calls it (README, Reliability)."""
     import numpy as np
     bad = []
     for k, v in params.items():
@@ -228,6 +244,7 @@ def load(path: str | os.PathLike, net, optimizer=None, loss_scaler=None, ignore:
 
     ignore: checkpoint entries to leave out (train() re-derives the optimizer's `learning_rate` table
     when a run is extended, so the table's length may differ).
+    Taught in notebooks/11_your_own_model.ipynb.
     """
     import mindspore as ms
     params = read(path)
@@ -256,11 +273,13 @@ def load(path: str | os.PathLike, net, optimizer=None, loss_scaler=None, ignore:
     return {**info(params), "path": Path(path)}
 
 
+# --- scan, prune, the newest good one ---
 def scan(ckpt_dir: str | os.PathLike, run_id: str | None = None, finite: bool = False) -> list[dict[str, Any]]:
     """Every checkpoint, newest first, as {"path", "status", ...info}: status is good, corrupt, foreign
     (another run's id when `run_id` is given), misnamed (the step inside is not the one in its name: it is
     reported and left alone, never resumed from nor pruned) or nonfinite (NaN/inf weights, checked when
-    `finite`). "Newest" is the step stored inside."""
+    `finite`). "Newest" is the step stored inside.
+    Taught in: no notebook; train()'s CheckpointManager calls it (README, Reliability)."""
     out = []
     for p in list_checkpoints(ckpt_dir):
         try:
@@ -289,6 +308,7 @@ def prune(ckpt_dir: str | os.PathLike, keep: int, run_id: str | None = None) -> 
     deleted in favour of a damaged one. Corrupt files older than a kept good one are deleted too.
     With `run_id`, another run's checkpoints are neither counted nor deleted. A file whose stored step
     disagrees with its name is neither counted nor deleted either (see `scan`).
+    Taught in: no notebook; train()'s CheckpointManager calls it (README, Reliability).
     """
     if not isinstance(keep, int) or keep < 1:
         raise ValueError(f"checkpoint.prune: keep={keep!r} is invalid; fix: keep at least 1 checkpoint")
@@ -308,7 +328,8 @@ def prune(ckpt_dir: str | os.PathLike, keep: int, run_id: str | None = None) -> 
 def latest_good(ckpt_dir: str | os.PathLike, run_id: str | None = None,
                 finite: bool = False) -> tuple[Path, dict] | None:
     """The newest checkpoint that reads back intact (of run `run_id`, with finite weights when `finite`),
-    with its metadata; reports each one it skips."""
+    with its metadata; reports each one it skips.
+    Taught in notebooks/11_your_own_model.ipynb."""
     for rec in scan(ckpt_dir, run_id=run_id, finite=finite):
         if rec["status"] == "good":
             return rec["path"], {k: v for k, v in rec.items() if k in ("step", "data_pos", "run")}
@@ -316,3 +337,225 @@ def latest_good(ckpt_dir: str | os.PathLike, run_id: str | None = None,
         # printed, not warnings.warn: mindformers silences Python warnings process-wide
         print(f"{why}; skipping it", file=sys.stderr)
     return None
+
+
+# --- a run's folder: its lock, and a previous run moved aside ---
+class NothingToResume(RuntimeError):
+    """--resume found checkpoints but none it may continue (all corrupt, or another run's)."""
+
+
+class RunLocked(RuntimeError):
+    """Another process holds the run folder."""
+
+
+class Preempted(RuntimeError):
+    """SIGTERM or SIGINT stopped the run; the state after the last completed step was saved."""
+
+    def __init__(self, msg: str, signo: int) -> None:
+        super().__init__(msg)
+        self.signo = signo
+
+
+class run_lock:
+    """Exclusive lock on a run folder for the whole run: `fcntl.flock` on `<folder>/.lock`.
+
+    A second process is refused at once with RunLocked naming the holder's PID. The kernel drops the
+    lock when its holder dies, however it dies, so a stale lock file never blocks.
+    Taught in: no notebook (README, Reliability; the CLI `python -m mshelpers.train` takes it).
+    """
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+
+    def __enter__(self) -> "run_lock":
+        import fcntl
+        if self.folder.exists() and not self.folder.is_dir():
+            raise NotADirectoryError(f"--out {self.folder} is a file, not a folder; fix: pass a folder path")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.folder / ".lock", "a+")
+        try:
+            fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._f.seek(0)
+            holder = self._f.read().strip() or "unknown"
+            self._f.close()
+            raise RunLocked(f"{self.folder} is in use by another run (pid {holder}); "
+                            "fix: wait for it to finish, or pass another --out") from None
+        self._f.seek(0)
+        self._f.truncate()
+        self._f.write(f"{os.getpid()}\n")
+        self._f.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()         # closing releases the flock
+
+
+def move_run_aside(out: Path, what: list[Path]) -> Path:
+    """--overwrite: move a previous run's files into <out>/previous/<time>/ (nothing is deleted); return that folder.
+    Taught in: no notebook (README, Reliability)."""
+    import time
+    dest = out / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    n = 0
+    while dest.exists():
+        n += 1
+        dest = dest.with_name(f"{dest.name.split('.')[0]}.{n}")
+    dest.mkdir(parents=True)
+    for p in what:
+        os.replace(p, dest / p.name)
+    return dest
+
+
+# --- resume, commit and preemption: the checkpoints of one training run ---
+class CheckpointManager:
+    """The checkpoints of one `train.train` run, with the state they need, so the training loop only calls it.
+
+    - `check_resume(steps)`, before anything is built: which checkpoint a resume continues; all corrupt (or
+      another run's) raises NothingToResume, a finished run returns True. `attach(...)` then names what is saved.
+    - `begin(...)`: restore the newest good checkpoint (weights, optimizer, loss scale, RNG, the spike guard's
+      state) and cut the metrics log back to its step, or start the log fresh; returns (start step, data position,
+      the log's kept rows).
+    - `write(...)` every `every` steps and at the last step writes a checkpoint under a temporary name; `vouch(loss)`
+      commits it (renamed into place, the oldest beyond `keep` pruned) only once the next step's loss with its
+      weights came out finite, and drops it otherwise; `finish()` commits the last one (its weights are checked).
+    - `preempted(...)`: a SIGTERM or SIGINT stopped the run: save the state after the last completed step and
+      return the Preempted error naming it.
+    `run` (e.g. {"id": ..., "config_hash": ...}) goes into every checkpoint; with an id, a resume never continues
+    another run's checkpoints. Taught in notebooks/09_evaluation_report.ipynb (exact resume) and
+    notebooks/12_your_config.ipynb (the CLI).
+    """
+
+    def __init__(self, folder: str | os.PathLike | None, *, every: int = 0, keep: int = 3,
+                 run: dict | None = None) -> None:
+        self.folder = Path(folder) if folder is not None else None
+        self.every, self.keep, self.run = every, keep, run
+        self.run_id = (run or {}).get("id")
+        self.recs: list[dict] = []
+        self.good: list[dict] = []
+        self.pending: Path | None = None
+        self.pending_guard: str | None = None
+        self.last: Path | None = None         # the newest committed checkpoint
+        self.start = 1
+        self.net = self.optimizer = self.loss_scaler = self.guard = None
+
+    def check_resume(self, steps: int) -> bool:
+        """Decide before building anything: all-corrupt or too-few-steps fail with nothing touched. True: the
+        run is already complete (said on stderr), nothing to do."""
+        self.recs = scan(self.folder, run_id=self.run_id)
+        self.good = [r for r in self.recs if r["status"] == "good"]
+        if self.recs and not self.good:
+            why = "; ".join(r.get("error") or f"{r['path'].name} belongs to run {r.get('run', {}).get('id')}"
+                            for r in self.recs)
+            raise NothingToResume(f"no checkpoint in {self.folder} can be resumed ({why}); nothing was changed; "
+                                  "fix: restore a checkpoint, or start a fresh run in another folder")
+        if self.good and self.good[0]["step"] > steps:
+            raise ValueError(f"steps={steps} is fewer than the checkpoint's step {self.good[0]['step']} "
+                             f"({self.good[0]['path'].name}); fix: pass steps >= {self.good[0]['step']}")
+        if self.good and self.good[0]["step"] == steps:   # a finished run: nothing to do, nothing touched
+            print(f"the run is complete: {self.good[0]['path']} is step {steps} of {steps}; nothing to do "
+                  "(pass a larger --steps to extend it)", file=sys.stderr, flush=True)
+            return True
+        return False
+
+    def attach(self, net, optimizer, loss_scaler=None, guard=None) -> "CheckpointManager":
+        """What every checkpoint holds: the model, the optimizer, the loss scaler; a spike guard's state beside it."""
+        self.net, self.optimizer, self.loss_scaler, self.guard = net, optimizer, loss_scaler, guard
+        return self
+
+    def begin(self, resume: bool, steps: int, log, on_ready=None) -> tuple[int, int, list[dict]]:
+        """Restore the newest good checkpoint (resume) or start fresh; `log` is the metrics CSV (`keep_upto`,
+        `start_fresh`); `on_ready` runs once everything is checked, before anything is written."""
+        if not (resume and self.good):
+            if on_ready:
+                on_ready()
+            if resume:
+                print(f"resume: no checkpoint in {self.folder} yet; starting at step 1", file=sys.stderr, flush=True)
+            log.start_fresh()
+            return 1, 0, []
+        best = self.good[0]
+        # the lr table is re-derived from cfg (a longer run stretches the cosine), so it is not restored
+        meta = load(best["path"], self.net, self.optimizer, self.loss_scaler, ignore=("learning_rate",))
+        self.start, self.last = meta["step"] + 1, best["path"]
+        if self.guard:
+            self.guard.load(best["path"])
+        if on_ready:
+            on_ready()
+        at = self.recs.index(best)
+        for r in self.recs[:at] + [r for r in self.recs[at:] if r["status"] == "misnamed"]:
+            # newer ones passed over, and every misnamed one, each with its reason
+            why = r.get("error") or f"checkpoint {r['path']} belongs to run {r.get('run', {}).get('id')}"
+            print(f"{why}; skipping it", file=sys.stderr)
+        rows, note = log.keep_upto(meta["step"], meta.get("loss"))
+        if self.every:
+            prune(self.folder, self.keep, run_id=self.run_id)   # room for the next write on a nearly full disk
+        print(f"resumed from {best['path']} (step {meta['step']}, data position {meta['data_pos']}); "
+              f"continuing at step {self.start} of {steps}" + (f"; {note}" if note else ""), file=sys.stderr, flush=True)
+        return self.start, meta["data_pos"], rows
+
+    def due(self, step: int, last_step: int) -> bool:
+        """A checkpoint is written after this step: every `every` steps and at the last one."""
+        return bool(self.every) and (step % self.every == 0 or step == last_step)
+
+    def nonfinite_weight(self) -> str | None:
+        """The name of the first model parameter holding NaN or inf, or None."""
+        import numpy as np
+        return next((p.name for p in self.net.get_parameters() if not np.isfinite(p.asnumpy()).all()), None)
+
+    def write(self, step: int, data_pos: int, loss: float | None) -> None:
+        """The checkpoint of `step`, pending (invisible) until `vouch` or `finish` commits it."""
+        self.pending = write_pending(self.folder, self.net, self.optimizer, step=step, data_pos=data_pos,
+                                     loss_scaler=self.loss_scaler, run=self.run, loss=loss)
+        self.pending_guard = self.guard.state() if self.guard else None
+
+    def vouch(self, loss: float) -> None:
+        """This step's loss was computed with the pending checkpoint's weights: commit it if finite, else drop it."""
+        import math
+        if self.pending is not None and math.isfinite(loss):
+            self._commit()
+        elif self.pending is not None:
+            self.drop()
+
+    def _commit(self) -> None:
+        self.last = commit(self.pending, run_id=self.run_id)
+        if self.pending_guard is not None:
+            self.guard.save(self.last, self.pending_guard)
+        self.pending, self.pending_guard = None, None
+        prune(self.folder, self.keep, run_id=self.run_id)
+
+    def drop(self) -> None:
+        """Delete a pending checkpoint nobody vouched for (the run stopped, or the next loss was not finite)."""
+        if self.pending is not None:
+            Path(self.pending).unlink(missing_ok=True)
+        self.pending = self.pending_guard = None
+
+    def finish(self) -> None:
+        """The last step: no next forward vouches for it; its weights were checked finite before the write."""
+        if self.pending is not None:
+            self._commit()
+
+    def newest_finite(self) -> str:
+        """The newest checkpoint of this run with finite weights, for an error message."""
+        found = latest_good(self.folder, run_id=self.run_id, finite=True) if self.folder else None
+        return f"{found[0]} (step {found[1]['step']})" if found else "none written yet"
+
+    def save_now(self, step: int, data_pos: int, loss: float | None) -> Path | None:
+        """Stopped after `step`: make the state after it visible as a checkpoint, return its path."""
+        if self.pending is not None and f"step_{step:06d}" not in Path(self.pending).name:
+            self._commit()         # an older pending one: this step's finite loss vouched for it
+        if self.folder is None or step < self.start:
+            return self.last
+        if self.nonfinite_weight():   # never save non-finite weights, not even on the way out
+            self.drop()
+            return self.last
+        if self.pending is None:
+            self.write(step, data_pos, loss)
+        self._commit()
+        return self.last
+
+    def preempted(self, step: int, data_pos: int, loss: float | None, stop) -> Preempted:
+        """`stop` (a train_cli.StopSignal) fired after `step`: save, and return the error that says where."""
+        saved = self.save_now(step, data_pos, loss)
+        where = f"saved {saved} (step {step})" if saved and step >= self.start else \
+            f"no step completed in this process; newest checkpoint: {saved or 'none'}"
+        return Preempted(f"{stop.name} after step {step}: {where}; fix: rerun with --resume to continue",
+                         stop.signo)

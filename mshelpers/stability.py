@@ -26,7 +26,9 @@ Defaults, and why:
 - rel_floor=0.005: a curve that goes flat can have a MAD near 0; sigma never drops below 0.5 % of the
   median, so float rounding alone is never a spike.
 
-Copy this file alone: it needs only the standard library.
+`SpikeGuard` is train()'s use of the detector: a snapshot before each step, a rollback and a skipped batch on a
+spike, its state beside each checkpoint. Copy this file alone: it needs only the standard library (and MindSpore,
+imported when the guard rolls back).
 """
 from __future__ import annotations
 
@@ -36,8 +38,10 @@ from collections import deque
 from typing import Any
 
 
+# --- the spike detector ---
 class SpikeDetector:
-    """Flag a step whose loss (or grad norm) jumps above its recent trend: `update(loss, grad_norm) -> bool`."""
+    """Flag a step whose loss (or grad norm) jumps above its recent trend: `update(loss, grad_norm) -> bool`.
+    Taught in notebooks/10_stability.ipynb and notebooks/09_evaluation_report.ipynb."""
 
     def __init__(self, window: int = 20, threshold: float = 6.0, warmup: int = 10, rel_floor: float = 0.005) -> None:
         for name, v, lo in (("window", window, 3), ("warmup", warmup, 0)):
@@ -109,8 +113,10 @@ class SpikeDetector:
         return self
 
 
+# --- finding spikes in a finished run, and a poisoned corpus to test on ---
 def find_spikes(values, **kwargs: Any) -> list[int]:
-    """0-based indices that a fresh SpikeDetector(**kwargs) flags in a sequence of losses."""
+    """0-based indices that a fresh SpikeDetector(**kwargs) flags in a sequence of losses.
+    Taught in notebooks/09_evaluation_report.ipynb."""
     det = SpikeDetector(**kwargs)
     return [i for i, v in enumerate(values) if det.update(v)]
 
@@ -133,6 +139,7 @@ def write_text_corpus(path, n_bytes: int = 200_000, seed: int = 0, poison: float
     file: a stand-in for the corrupted shard or the garbage document that sets off a loss spike. The same
     seed gives the same clean text with or without poison, so a clean control run sees the same corpus
     minus the damage. Returns {"path", "bytes", "poison_start", "poison_end"}.
+    Taught in notebooks/10_stability.ipynb.
     """
     import random
     from pathlib import Path
@@ -157,3 +164,86 @@ def write_text_corpus(path, n_bytes: int = 200_000, seed: int = 0, poison: float
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(bytes(data))
     return {"path": p, "bytes": len(data), "poison_start": start, "poison_end": end}
+
+
+# --- the spike guard: roll back, skip the batch, redo the step ---
+class SpikeStorm(RuntimeError):
+    """The spike guard rolled back too often in a short span: the run needs a person, not another retry."""
+
+
+class SpikeGuard:
+    """In-memory rollback for `train.train` (cfg.spike_guard): a snapshot before every step, restored when the
+    step spikes.
+
+    The flagged step's batch is skipped (its data position is recorded), and the step is redone on the
+    next batch. The detector state and the record of rollbacks go into a JSON file beside each checkpoint
+    (`step_N.guard.json`), so a resumed run flags and skips exactly what an uninterrupted one would.
+    MAX_ROLLBACKS rollbacks within WITHIN steps stop the run with SpikeStorm instead of looping.
+    `cfg` needs spike_window and spike_threshold; MindSpore is imported only to roll back.
+    Taught in notebooks/10_stability.ipynb.
+    """
+    MAX_ROLLBACKS, WITHIN = 5, 50   # ~1 % of batches poisoned gave 1-3 rollbacks per 50 steps here
+
+    def __init__(self, cfg, net, optimizer, loss_scaler) -> None:
+        self.detector = SpikeDetector(window=cfg.spike_window, threshold=cfg.spike_threshold,
+                                      warmup=min(10, cfg.spike_window))
+        state: dict = {}
+        for cell in (net, optimizer):
+            for p in cell.get_parameters():
+                state.setdefault(p.name, p)
+        for attr in ("scale_value", "counter"):
+            if hasattr(loss_scaler, attr):
+                state[f"loss_scaler.{attr}"] = getattr(loss_scaler, attr)
+        self.params = list(state.values())
+        self.saved: list = []
+        self.events: list[dict] = []
+
+    def snapshot(self) -> None:
+        self.saved = [p.asnumpy().copy() for p in self.params]
+
+    def is_spike(self, loss: float, grad_norm: float) -> bool:
+        return self.detector.update(loss, grad_norm)
+
+    def roll_back(self, step: int, loss: float, grad_norm: float, skipped: int) -> None:
+        import mindspore as ms
+        for p, a in zip(self.params, self.saved):
+            # assign writes into the parameter's own buffer; set_data would swap in a new one that an
+            # already compiled graph never sees
+            ms.ops.assign(p, ms.Tensor(a))
+        ev = {"step": step, "loss": loss, "grad_norm": grad_norm, "trigger": self.detector.last_reason,
+              "skipped_data_pos": skipped}
+        self.events.append(ev)
+        print(f"rolled back step {step}: {ev['trigger']}; skipped data position {skipped}; redoing step {step} "
+              "on the next batch", flush=True)
+        recent = [e["step"] for e in self.events if e["step"] > step - self.WITHIN]
+        if len(recent) >= self.MAX_ROLLBACKS:
+            raise SpikeStorm(f"spike guard: {len(recent)} rollbacks within {self.WITHIN} steps (steps {recent}, "
+                             f"skipped data positions {[e['skipped_data_pos'] for e in self.events[-len(recent):]]}); "
+                             "fix: lower lr or inspect those batches rather than skipping more")
+
+    def state(self) -> str:
+        import json
+        return json.dumps({"detector": self.detector.state_dict(), "events": self.events})
+
+    def save(self, ckpt_path, state: str | None = None) -> None:
+        import os
+        from pathlib import Path
+        path = Path(ckpt_path).with_suffix(".guard.json")
+        tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+        try:
+            tmp.write_text(self.state() if state is None else state)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        for stale in path.parent.glob("step_*.guard.json"):   # sidecars whose checkpoint was pruned
+            if not stale.with_name(stale.name.replace(".guard.json", ".ckpt")).exists():
+                stale.unlink(missing_ok=True)
+
+    def load(self, ckpt_path) -> None:
+        import json
+        from pathlib import Path
+        path = Path(ckpt_path).with_suffix(".guard.json")
+        if path.exists():
+            state = json.loads(path.read_text())
+            self.detector.load_state_dict(state["detector"])
+            self.events[:] = state["events"]

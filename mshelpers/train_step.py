@@ -16,7 +16,7 @@ Every caller builds its step here: `train.make_train_step` (notebooks 01, 02 and
 (notebook 03) and the msrun DP worker `workers/dp_train.py` (notebook 04 and the doctor's CPU check). Three forms:
 - mode="graph": an nn.Cell, compiled when the context is GRAPH_MODE. Its Parameters (the model's, the scaler's, the
   accumulation buffer) are graph inputs, so MindSpore 2.9's compile cache brings them back intact (an `ms.jit`
-  function reaching them through a closure reads zeros from a warm cache: tests/test_compile_cache.py);
+  function reaching them through a closure reads zeros from a warm cache: tests/test_train.py);
 - mode="pynative": a Python function, op by op;
 - mode="jit": that function under `ms.jit` (compiled in any context; notebook 03's step).
 Copy this file alone: it needs MindSpore only, imported when a step is built.

@@ -1,4 +1,4 @@
-"""Run in a fresh process by tests/test_compile_cache.py: 3 graph steps of the tiny preset, the step
+"""Run in a fresh process by tests/test_train.py (its compile-cache section): 3 graph steps of the tiny preset, the step
 built as an `ms.jit` function ("function"), or by `train.train` ("train": its Cell step with
 a dynamic loss scale that overflows at first, so the scale must halve; "train-accum": the same with grad_accum=2,
 its accumulation Cells); prints the losses and gradient norms (for "train"/"train-accum": losses and loss scales)."""

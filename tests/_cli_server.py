@@ -2,7 +2,7 @@
 
 A fresh `python -m mshelpers.train` spends about 4.5 s importing MindSpore and mindformers (nltk among them)
 before it trains for a few seconds. This server imports them once, then forks one child per request; the child
-is the CLI process from that point on: `mshelpers.train.main(argv, cli_process=True)` installs the CLI's own
+is the CLI process from that point on: `mshelpers.train_cli.main(argv, cli_process=True)` installs the CLI's own
 signal handling and quiet log (the fork left no other thread), with stdout and stderr in files and the exit
 code that `python -m` would give. MindSpore reads GLOG_v at import, so the server sets what the CLI would.
 
@@ -18,7 +18,7 @@ os.environ.setdefault("GLOG_logtostderr", "1")
 import mshelpers  # noqa: E402,F401  (first: its filter of mindformers' import noise)
 import mindspore  # noqa: E402,F401
 import mindformers  # noqa: E402,F401
-import mshelpers.train as train  # noqa: E402
+import mshelpers.train_cli as train_cli  # noqa: E402
 
 reply = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)     # nothing but replies on the pipe
@@ -39,7 +39,7 @@ for line in sys.stdin:
             os.dup2(err, 2)
             os.chdir(req["cwd"])
             sys.argv = ["python -m mshelpers.train", *req["argv"]]
-            rc = train.main(req["argv"], cli_process=True)
+            rc = train_cli.main(req["argv"], cli_process=True)
         except SystemExit as e:                      # argparse's refusal, as the CLI would exit
             rc = e.code if isinstance(e.code, int) else 1
         except BaseException:                        # as an uncaught exception would: traceback, exit 1

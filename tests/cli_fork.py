@@ -22,7 +22,7 @@ _SERVER: subprocess.Popen | None = None
 _LOG = None
 # One MindSpore compile cache per test process (an xdist worker), for runs that pass `--compile-cache
 # cli_fork.COMPILE_CACHE`: the CLI keeps one folder per graph under it (train.compile_cache), so the many runs
-# of the same settings compile once. Kill-, corruption- and full-disk-safe: tests/test_compile_cache.py.
+# of the same settings compile once. Kill-, corruption- and full-disk-safe: tests/test_train_cli.py.
 COMPILE_CACHE = tempfile.mkdtemp(prefix="ms-compile-cache-")
 atexit.register(lambda: __import__("shutil").rmtree(COMPILE_CACHE, ignore_errors=True))
 

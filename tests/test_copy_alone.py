@@ -72,6 +72,11 @@ CALLS: dict[str, str] = {
         import numpy as np, os
         assert m.list_checkpoints(os.getcwd()) == [] and m.clean_temp(os.getcwd()) == []
         assert m.scan(os.getcwd()) == [] and m.prune(os.getcwd(), keep=2) == [] and m.latest_good(os.getcwd()) is None
+        from pathlib import Path
+        with m.run_lock("run"):
+            assert open("run/.lock").read().split() == [str(os.getpid())]
+        open("run/metrics.csv", "w").write("step")
+        assert (m.move_run_aside(Path("run"), [Path("run/metrics.csv")]) / "metrics.csv").exists()
         params = {"w": np.ones((2, 2), np.float32), "b": np.array([np.nan], np.float32)}
         assert m.nonfinite_params(params) == ["b"]
         assert isinstance(m.info(params), dict)
@@ -359,7 +364,8 @@ CALLS: dict[str, str] = {
 NOT_PLAIN: dict[str, set[str]] = {
     "amp": {"auto_mixed_precision", "activation_stats", "NonfiniteReport", "find_first_nonfinite", "DtypeReport",
             "dtype_report", "ScaledStepResult"},
-    "checkpoint": {"CorruptCheckpoint", "write_pending", "commit", "save", "read", "load"},
+    "checkpoint": {"CorruptCheckpoint", "write_pending", "commit", "save", "read", "load", "NothingToResume",
+                   "RunLocked", "Preempted", "CheckpointManager"},    # the manager holds a model: train() uses it
     "compiling": {"capture_compile_error"},
     "data": {"make_dataset"},
     "launch": {"MsrunError", "RankResult", "MsrunResult", "msrun"},
@@ -378,14 +384,13 @@ NOT_PLAIN: dict[str, set[str]] = {
     "mindformers_yaml": {"validate_mindformers_yaml", "validate_with_mindformers"},   # run mindformers' classes
     "profiling": {"ProfileRun", "profile_steps", "op_type_table", "top_ops", "load_trace"},
     "smalllm": {"RMSNorm", "Block", "SmallBody", "NextTokenLoss"},
-    "stability": set(),
+    "stability": {"SpikeStorm", "SpikeGuard"},      # the guard holds a model: train() and test_stability use it
     "summary": {"ScalarSummary", "MindInsight"},
     "timing": {"IsolatedResult", "run_isolated", "compare_interleaved"},
     "tuning": {"export_mindir", "load_mindir", "mindir_roundtrip", "TuneResult", "isolated_median_step_s"},
     "train_step": {"build_step"},
-    "train": {"lr_at", "make_optimizer", "make_loss_scaler", "NonFiniteLoss", "CollapsedRun",
-              "NothingToResume", "RunLocked", "SpikeStorm", "run_lock", "main",
-              "Preempted", "StopSignal"},     # StopSignal blocks the process's signals: tested through the CLI
+    "train": {"lr_at", "make_optimizer", "make_loss_scaler", "NonFiniteLoss", "CollapsedRun"},
+    "train_cli": {"StopSignal"},    # StopSignal blocks the process's signals: tested through the CLI
 }
 
 # Functions that compose the cookbook's pipeline: the siblings they need (the whole chain), and a cheap
@@ -466,6 +471,14 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("tuning", "isolated_step_times"): (_TRAIN_CHAIN, ""),
     ("train", "train"): (_TRAIN_CHAIN, ""),
     ("train", "make_train_step"): (("train_step",), ""),
+    ("train_cli", "main"): (_TRAIN_CHAIN, """
+        assert m.main(["--steps", "0", "--out", "run"]) == 1     # refused in one line, before MindSpore
+        assert "mindspore" not in sys.modules"""),
+    ("metrics", "MetricsCSV"): (("table",), """
+        from pathlib import Path
+        c = m.MetricsCSV(Path("m.csv"), ["step", "loss"])
+        c.start_fresh(); c.append({"step": 1, "loss": 2.5}); c.append({"step": 2, "loss": 2.0}); c.close()
+        assert c.keep_upto(1) == ([{"step": 1, "loss": 2.5}], "")"""),
     ("train", "History"): (("metrics",), ""),
     # without a measured peak given, the share of achievable reads the cached one from peak.py
     ("metrics", "share_of_achievable"): (("peak",), """

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from mshelpers import metrics
-from mshelpers.metrics import COLUMNS, StepLogger, flops_per_token, mfu, summarize
+from mshelpers.metrics import COLUMNS, MetricsCSV, StepLogger, flops_per_token, mfu, summarize
 from mshelpers.table import read_csv
 
 
@@ -532,3 +532,50 @@ def test_an_existing_csv_of_one_byte_is_refused_and_both_refusals_name_the_file(
         StepLogger(one, 100, 10, 1e3, append=True)
     assert str(e.value).startswith(f"StepLogger: csv_path={str(one)!r} has columns ['x'], not ")
 
+
+
+# --- MetricsCSV: the run's CSV, cut back on resume (was in tests/test_resume.py) ---
+def _metrics(tmp_path, steps_losses):
+    m = MetricsCSV(tmp_path / "metrics.csv", ["step", "loss"])
+    m.start_fresh()
+    for st, loss in steps_losses:
+        m.append({"step": st, "loss": loss})
+    m.close()
+    return m
+
+
+def test_metrics_rows_that_repeat_or_run_backwards_are_reported_and_dropped(tmp_path):
+    """Issue 26 F8: a well-formed fake row must not win over the run's own row, silently."""
+    m = _metrics(tmp_path, [(1, 5.0), (2, 4.0), (3, 9.9), (3, 3.0), (4, 2.5), (2, 7.0), (5, 2.0)])
+    rows, note = m.keep_upto(4)
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 5.0), (2, 4.0), (3, 9.9), (4, 2.5)]
+    assert ("dropped 2 rows whose step repeats or runs backwards (step 3 at line 5 after step 3; "
+            "step 2 at line 7 after step 4), keeping the first of each") in note
+    # the checkpoint's step: the row whose loss the checkpoint recorded is kept, and that is said
+    m = _metrics(tmp_path, [(1, 5.0), (2, 4.0), (3, 9.9), (3, 3.0), (4, 2.5)])
+    rows, note = m.keep_upto(3, loss=3.0)
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 5.0), (2, 4.0), (3, 3.0)]
+    assert "kept line 5 for step 3 (its loss matches the checkpoint's), dropped line 4" in note
+    assert (tmp_path / "metrics.csv").read_text() == "step,loss\n1,5.0\n2,4.0\n3,3.0\n"
+    rows, note = _metrics(tmp_path, [(1, 5.0), (2, 4.0)]).keep_upto(2, loss=1.0)
+    assert "no row for step 2 has the checkpoint's loss 1.0; kept line 3" in note and len(rows) == 2
+
+
+def test_metrics_csv_deleted_mid_run_is_recreated_from_memory(tmp_path, capsys):
+    """Issue 26 F12: the next write notices the file is gone and re-creates it with every row."""
+    csv = tmp_path / "metrics.csv"
+    m = MetricsCSV(csv, ["step", "loss"])
+    m.start_fresh()
+    rows = []
+    for st in (1, 2, 3):
+        rows.append({"step": st, "loss": 1.0 / st})
+        m.append(rows[-1], rows)
+        if st == 2:
+            csv.unlink()
+    assert "metrics.csv disappeared during the run; re-created it from the 3 rows held in memory (steps 1..3)" \
+        in capsys.readouterr().err
+    rows.append({"step": 4, "loss": 0.25})
+    m.append(rows[-1], rows)
+    csv.unlink()                                   # after the last write: caught when the file is closed
+    m.close(rows)
+    assert csv.read_text() == "step,loss\n1,1.0\n2,0.5\n3,0.3333333333333333\n4,0.25\n"

@@ -274,13 +274,14 @@ def test_rollback_restores_weights_moments_and_step_counter_inside_the_compiled_
     from mshelpers.data import numpy_batches
     from mshelpers.device import setup
     from mshelpers.model import build_model
-    from mshelpers.train import _SpikeGuard, make_optimizer, make_train_step
+    from mshelpers.stability import SpikeGuard
+    from mshelpers.train import make_optimizer, make_train_step
     cfg = RunConfig.preset("tiny").replace(mode="graph", steps=10)
     setup(mode="graph", seed=0)
     net = build_model(cfg)
     opt = make_optimizer(net, cfg)
     step = make_train_step(net, opt, cfg)
-    guard = _SpikeGuard(cfg, net, opt, step.loss_scaler)
+    guard = SpikeGuard(cfg, net, opt, step.loss_scaler)
     batches = numpy_batches(cfg)
     step(ms.Tensor(next(batches), ms.int32))
     guard.snapshot()

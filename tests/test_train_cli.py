@@ -1,4 +1,4 @@
-"""Drive the training CLI the way a cluster job (and a hostile user) would.
+"""mshelpers.train_cli: drive the training CLI the way a cluster job (and a hostile user) would.
 
 Each case runs real `python -m mshelpers.train` processes on the tiny preset (one layer) in graph mode: exact resume,
 corrupt checkpoints, two writers, foreign checkpoints, torn metrics, NaN and collapse stops, a full disk,
@@ -297,54 +297,6 @@ def test_resume_without_metrics_csv_keeps_going_and_says_so(tmp_path, two_step_r
     assert steps_of(tmp_path) == [3, 4]
 
 
-def _metrics(tmp_path, steps_losses):
-    from mshelpers.train import _MetricsCSV
-    m = _MetricsCSV(tmp_path / "metrics.csv", ["step", "loss"])
-    m.start_fresh()
-    for st, loss in steps_losses:
-        m.append({"step": st, "loss": loss})
-    m.close()
-    return m
-
-
-def test_metrics_rows_that_repeat_or_run_backwards_are_reported_and_dropped(tmp_path):
-    """Issue 26 F8: a well-formed fake row must not win over the run's own row, silently."""
-    m = _metrics(tmp_path, [(1, 5.0), (2, 4.0), (3, 9.9), (3, 3.0), (4, 2.5), (2, 7.0), (5, 2.0)])
-    rows, note = m.keep_upto(4)
-    assert [(r["step"], r["loss"]) for r in rows] == [(1, 5.0), (2, 4.0), (3, 9.9), (4, 2.5)]
-    assert ("dropped 2 rows whose step repeats or runs backwards (step 3 at line 5 after step 3; "
-            "step 2 at line 7 after step 4), keeping the first of each") in note
-    # the checkpoint's step: the row whose loss the checkpoint recorded is kept, and that is said
-    m = _metrics(tmp_path, [(1, 5.0), (2, 4.0), (3, 9.9), (3, 3.0), (4, 2.5)])
-    rows, note = m.keep_upto(3, loss=3.0)
-    assert [(r["step"], r["loss"]) for r in rows] == [(1, 5.0), (2, 4.0), (3, 3.0)]
-    assert "kept line 5 for step 3 (its loss matches the checkpoint's), dropped line 4" in note
-    assert (tmp_path / "metrics.csv").read_text() == "step,loss\n1,5.0\n2,4.0\n3,3.0\n"
-    rows, note = _metrics(tmp_path, [(1, 5.0), (2, 4.0)]).keep_upto(2, loss=1.0)
-    assert "no row for step 2 has the checkpoint's loss 1.0; kept line 3" in note and len(rows) == 2
-
-
-def test_metrics_csv_deleted_mid_run_is_recreated_from_memory(tmp_path, capsys):
-    """Issue 26 F12: the next write notices the file is gone and re-creates it with every row."""
-    from mshelpers.train import _MetricsCSV
-    csv = tmp_path / "metrics.csv"
-    m = _MetricsCSV(csv, ["step", "loss"])
-    m.start_fresh()
-    rows = []
-    for st in (1, 2, 3):
-        rows.append({"step": st, "loss": 1.0 / st})
-        m.append(rows[-1], rows)
-        if st == 2:
-            csv.unlink()
-    assert "metrics.csv disappeared during the run; re-created it from the 3 rows held in memory (steps 1..3)" \
-        in capsys.readouterr().err
-    rows.append({"step": 4, "loss": 0.25})
-    m.append(rows[-1], rows)
-    csv.unlink()                                   # after the last write: caught when the file is closed
-    m.close(rows)
-    assert csv.read_text() == "step,loss\n1,1.0\n2,0.5\n3,0.3333333333333333\n4,0.25\n"
-
-
 # -------------------------------------------------------------------------------------- step counts
 def test_extending_a_run_stretches_the_lr_schedule_and_says_how(tmp_path):
     cli(tmp_path, "--steps", "4", "--ckpt-every", "2")
@@ -600,3 +552,39 @@ def test_sigterm_at_a_random_moment_saves_and_resume_loses_no_completed_step(tmp
         assert not temp_files(tmp_path)
         return
     pytest.fail("the run finished before every SIGTERM; nothing was tested")
+
+
+# --- --compile-cache (was in tests/test_compile_cache.py) ---
+def test_the_cli_compile_cache_is_bitwise_faster_warm_and_survives_a_damaged_file(tmp_path):
+    """`python -m mshelpers.train --compile-cache DIR`: a cold run fills one folder per graph, a warm run loads it
+    (a shorter first step, the same losses to the bit), and a truncated cache file (a run killed while it wrote
+    it) costs a recompile, never a wrong result: MindSpore logs an ERROR line and compiles. Also measured by
+    hand (2026-12-03): an emptied dependency hash, a cache on a full disk and two cold writers at once each
+    gave the same losses."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import cli_fork
+    from mshelpers.table import read_csv
+
+    cache = tmp_path / "cache"
+    base = ["--preset", "tiny", "--set", "mode=graph", "--set", "num_layers=1", "--steps", "6", "--quiet",
+            "--compile-cache", str(cache)]
+
+    def run(name, *extra):
+        p = cli_fork.run([*base, "--out", str(tmp_path / name), *extra], timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        rows = read_csv(tmp_path / name / "metrics.csv")
+        return [r["loss"] for r in rows], rows[0]["step_time_s"]
+
+    cold, cold_first = run("cold")
+    graphs = [d for d in cache.iterdir() if d.is_dir()]
+    assert len(graphs) == 1, graphs
+    mindir = sorted(graphs[0].rglob("*.mindir"))
+    assert mindir and mindir[0].stat().st_size > 0
+    warm, warm_first = run("warm")
+    assert warm == cold
+    assert warm_first < 0.75 * cold_first, (warm_first, cold_first)     # measured: about 0.4 s warm, 3.5 s cold
+    size = mindir[0].stat().st_size
+    with open(mindir[0], "r+b") as f:
+        f.truncate(size // 2)
+    damaged, _ = run("damaged")
+    assert damaged == cold

@@ -54,7 +54,7 @@ def train_dp(cfg, steps: int, *, world: int = 1, rank: int = 0, shard: bool = Tr
     # (MS_COMPILER_CACHE_ENABLE=1), a warm start of a jitted *function* lost its parameters (they read
     # as zeros: step-1 loss exactly ln(vocab), gradient norm 0, NaN from step 2 under DATA_PARALLEL),
     # while a Cell, whose parameters are graph inputs, trained identically cold and warm
-    # (tests/test_compile_cache.py measures both).
+    # (tests/test_train.py measures both).
     step = make_dp_step(net, opt, reducer, float(cfg.grad_clip))
 
     init_flat = np.concatenate([p.asnumpy().ravel() for p in params])   # the weights before step 1
