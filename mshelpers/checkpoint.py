@@ -489,7 +489,8 @@ class CheckpointManager:
         if self.every:
             prune(self.folder, self.keep, run_id=self.run_id)   # room for the next write on a nearly full disk
         print(f"resumed from {best['path']} (step {meta['step']}, data position {meta['data_pos']}); "
-              f"continuing at step {self.start} of {steps}" + (f"; {note}" if note else ""), file=sys.stderr, flush=True)
+              f"continuing at step {self.start} of {steps}" + (f"; {note}" if note else ""),
+              file=sys.stderr, flush=True)
         return self.start, meta["data_pos"], rows
 
     def due(self, step: int, last_step: int) -> bool:
