@@ -49,7 +49,7 @@ class Hardware:
 
     Taught in notebooks/05_semi_auto_parallel.ipynb (and measured in 04_data_parallel.ipynb).
     """
-    peak_flops_per_device: float          # FLOP/s at 16-bit (a doctor profile keeps its other dtypes' ratios)
+    peak_flops_per_device: float          # FLOP/s at `peak_dtype` (a doctor profile keeps its other dtypes' ratios)
     intra_node_bytes_per_s: float         # per device, per direction, all its links inside a node
     inter_node_bytes_per_s: float         # per device, per direction, between nodes
     devices_per_node: int = 8
@@ -64,6 +64,7 @@ class Hardware:
     dp_overlap: float = 1.0               # share of the last backward the gradient reduction can hide behind
     calibration: Any = field(default=None, compare=False)      # a doctor Calibration; None: (efficiency, 1.0)
     doctor_profile: Any = field(default=None, compare=False)   # the DoctorHardware this view was made from
+    peak_dtype: str = "bfloat16"          # the dtype `peak_flops_per_device` is the peak of (the models here train in it)
 
     def source(self, field_name: str) -> str:
         """Where `field_name`'s figure comes from ("assumed" if nobody said)."""
@@ -87,13 +88,16 @@ class Hardware:
         return REFERENCE_HARDWARE[name]
 
     @classmethod
-    def from_doctor(cls, profile: Any, calibration: Any = None, *, name: str | None = None) -> "Hardware":
+    def from_doctor(cls, profile: Any, calibration: Any = None, *, name: str | None = None,
+                    dtype: str = "bfloat16") -> "Hardware":
         """The planner's view of a doctor profile (`doctor.hardware(name)`), priced with `calibration` (a doctor
-        Calibration, e.g. doctor.CALIBRATION; None: compute_efficiency 1, no other constant).
+        Calibration, e.g. doctor.CALIBRATION; None: compute_efficiency 1, no other constant). The view's
+        `peak_flops_per_device` is the profile's `dtype` peak (bfloat16: the 910B's 353.9 TFLOPS, not float16's 376);
+        the doctor prices each model at its own dtype's peak from the same profile either way.
         Taught in notebooks/05_semi_auto_parallel.ipynb (its "ascend-910b" profile is one)."""
         src = getattr(profile, "sources", {}) or {}
         node = src.get("node", "assumed")
-        return cls(peak_flops_per_device=profile.peak("float16"),
+        return cls(peak_flops_per_device=profile.peak(dtype), peak_dtype=dtype,
                    intra_node_bytes_per_s=profile.intra_link_bytes_per_s * profile.links_per_device,
                    inter_node_bytes_per_s=profile.inter_bytes_per_s, devices_per_node=profile.devices_per_node,
                    compute_efficiency=calibration.compute_efficiency if calibration is not None else 1.0,
@@ -120,10 +124,10 @@ class Hardware:
         D = _sibling("doctor")
         mine = self._doctor_fields()
         if self.doctor_profile is not None:
-            was = Hardware.from_doctor(self.doctor_profile, self.calibration)._doctor_fields()
+            was = Hardware.from_doctor(self.doctor_profile, self.calibration, dtype=self.peak_dtype)._doctor_fields()
             changed = {k: v for k, v in mine.items() if v != was[k]}
-            if "peak_flops" in changed:            # the other dtypes keep their ratio to the 16-bit peak
-                scale = self.peak_flops_per_device / self.doctor_profile.peak("float16")
+            if "peak_flops" in changed:            # the other dtypes keep their ratio to the view's dtype's peak
+                scale = self.peak_flops_per_device / self.doctor_profile.peak(self.peak_dtype)
                 changed["peak_flops"] = {k: v * scale for k, v in self.doctor_profile.peak_flops.items()}
             hw = replace(self.doctor_profile, **changed) if changed else self.doctor_profile
         else:
@@ -220,10 +224,10 @@ _NVIDIA = {
                  ("memory_bytes", "datasheet: 80 GB HBM2e; " + _A100_DS),
                  ("compute_efficiency", "assumed"))),
     "h100-sxm": Hardware(
-        peak_flops_per_device=989.5e12, intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9,
+        peak_flops_per_device=989.4e12, intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9,
         devices_per_node=8, compute_efficiency=0.5, name="NVIDIA H100 SXM5 (DGX H100: NVLink 4 + NDR InfiniBand)",
         hbm_bytes_per_s=3.35e12, memory_bytes=80e9,
-        sources=(("peak_flops_per_device", "datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity = 989.5 dense; "
+        sources=(("peak_flops_per_device", "datasheet: BF16 Tensor Core 1,979 TFLOPS with 2:4 sparsity, 989.4 dense (peak.DATASHEET_PEAK_FLOPS); "
                   + _H100_DS),
                  ("intra_node_bytes_per_s", "datasheet: NVLink 900 GB/s bidirectional = 450 GB/s per direction "
                                             "(18 links x 50 GB/s, through NVSwitch: links_per_device 1); " + _H100_DS),

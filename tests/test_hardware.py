@@ -130,7 +130,7 @@ def test_reference_profiles_cite_every_figure(name):
 def test_nvidia_figures_are_per_direction_datasheet_values():
     a, h = Hardware.reference("a100-sxm"), Hardware.reference("h100-sxm")
     assert (a.peak_flops_per_device, a.intra_node_bytes_per_s, a.inter_node_bytes_per_s) == (312e12, 300e9, 25e9)
-    assert (h.peak_flops_per_device, h.intra_node_bytes_per_s, h.inter_node_bytes_per_s) == (989.5e12, 450e9, 50e9)
+    assert (h.peak_flops_per_device, h.intra_node_bytes_per_s, h.inter_node_bytes_per_s) == (989.4e12, 450e9, 50e9)
     assert "datasheet" in a.source("peak_flops_per_device") and "msmodeling" in \
         Hardware.reference("ascend-910b").source("peak_flops_per_device")
 
@@ -140,8 +140,15 @@ def test_one_ascend_table_serves_every_module():
     from mshelpers import doctor
     from mshelpers.peak import DATASHEET_PEAK_FLOPS
     p, d = Hardware.reference("ascend-910b"), doctor.hardware("atlas-800t-a2")
-    assert p.peak_flops_per_device == d.peak("float16") == DATASHEET_PEAK_FLOPS["Ascend 910B"]["float16"]
-    assert d.peak("bfloat16") == DATASHEET_PEAK_FLOPS["Ascend 910B"]["bfloat16"]
+    # the view shows the bfloat16 peak the cookbook's models train at (353.9 TFLOPS), not float16's 376
+    assert p.peak_dtype == "bfloat16"
+    assert p.peak_flops_per_device == d.peak("bfloat16") == DATASHEET_PEAK_FLOPS["Ascend 910B"]["bfloat16"] == 353.9e12
+    assert d.peak("float16") == DATASHEET_PEAK_FLOPS["Ascend 910B"]["float16"]
+    fp16 = Hardware.from_doctor(d, doctor.CALIBRATION, dtype="float16")
+    assert fp16.peak_flops_per_device == 376e12 and fp16.to_doctor()[0] is d and p.to_doctor()[0] is d
+    # one table for the NVIDIA parts too: the planner's profiles quote peak's datasheet figures
+    for ref, sheet in (("a100-sxm", "NVIDIA A100 SXM"), ("h100-sxm", "NVIDIA H100 SXM")):
+        assert Hardware.reference(ref).peak_flops_per_device == DATASHEET_PEAK_FLOPS[sheet]["bfloat16"], ref
     assert p.intra_node_bytes_per_s == d.intra_link_bytes_per_s * d.links_per_device
     assert p.inter_node_bytes_per_s == d.inter_bytes_per_s and p.devices_per_node == d.devices_per_node
     assert p.compute_efficiency == pytest.approx(doctor.CALIBRATION.compute_efficiency, abs=1e-4)

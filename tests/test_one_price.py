@@ -95,11 +95,14 @@ def test_the_planner_prices_the_yaml_it_emits_as_the_doctor_does(dp, mp, pp, m, 
 
 
 def test_the_ascend_reference_profile_is_the_doctors():
+    import dataclasses
     hw, cal = ASCEND.to_doctor()
     assert hw == D.hardware("atlas-800t-a2") and cal == D.CALIBRATION
-    assert ASCEND.peak_flops_per_device == D.hardware("atlas-800t-a2").peak("float16")
+    assert ASCEND.peak_flops_per_device == D.hardware("atlas-800t-a2").peak("bfloat16")
+    # a what-if on the peak scales every dtype of the profile alike
+    fast = dataclasses.replace(ASCEND, peak_flops_per_device=2 * ASCEND.peak_flops_per_device).to_doctor()[0]
+    assert fast.peak("float16") == 2 * hw.peak("float16") and fast.peak("bfloat16") == 2 * hw.peak("bfloat16")
     # a what-if on the view reaches the doctor's profile, and only the figure changed moves
-    import dataclasses
     slow = dataclasses.replace(ASCEND, inter_node_bytes_per_s=ASCEND.inter_node_bytes_per_s / 4).to_doctor()[0]
     assert slow.inter_bytes_per_s == hw.inter_bytes_per_s / 4 and dataclasses.replace(
         slow, inter_bytes_per_s=hw.inter_bytes_per_s) == hw
