@@ -346,6 +346,8 @@ CALLS: dict[str, str] = {
         assert m.peak_rss_mb() > 0
         assert m.verdict([1.0, 1.0, 1.0], [2.0, 2.0, 2.0]) == "win"
         assert m.paired_verdict([10.0, 11.0], [5.0, 5.5], [10.1, 10.9], higher_is_better=False) == "win"
+        assert m.decide([10.0, 11.0, 12.0], [5.0, 5.5, 6.0], [10.1, 10.9, 12.1], higher_is_better=False)[0] == "win"
+        assert 0.02 <= m.aa_band([10.0, 11.0, 12.0], [10.1, 10.9, 12.1]) < m.TIGHT_BAND
         with m.Benchmark("x") as b: pass
     """,
     "tuning": """
