@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from mshelpers.doctor import ALIASES, main
 
-DATA = Path(__file__).parent / "data" / "mindformers"
+DATA = Path(__file__).parents[1] / "data" / "mindformers"
 SEEDS = (
     "r1.2.0_pretrain_llama2_7b.yaml",
     "r1.2.0_finetune_mixtral-8x7b.yaml",                        # r1.x MoE with a top-level moe_config
@@ -54,7 +54,7 @@ HOSTILE_IDS = ("None", "-1", "0", "1.5", "empty-str", "empty-list", "empty-dict"
 SECTIONS = ("parallel_config", "parallelism", "runner_config", "training", "recompute_config", "recompute",
             "moe_config")
 # keys the readers look up: the alias table plus every quoted key readers.py gets (kept in step with the reader)
-_READERS_SRC = (Path(__file__).parent.parent / "mshelpers" / "doctor" / "readers.py").read_text()
+_READERS_SRC = (Path(__file__).parents[2] / "mshelpers" / "doctor" / "readers.py").read_text()
 _GOT = re.findall(r'(?:get|pop)\("([a-z_]+)"|\["([a-z_]+)"\]', _READERS_SRC)
 READ_KEYS = {k for names in ALIASES.values() for k in names} | {a or b for a, b in _GOT}
 

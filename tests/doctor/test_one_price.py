@@ -25,9 +25,9 @@ import pytest
 from mshelpers import doctor as D
 from mshelpers import collectives, hardware, memory, mindformers_yaml, parallel
 from mshelpers.config import RunConfig
-from test_doctor_dialects import MODEL_FOR as DIALECT_MODEL_FOR
+from test_dialects import MODEL_FOR as DIALECT_MODEL_FOR
 
-DATA = Path(__file__).parent / "data" / "mindformers"
+DATA = Path(__file__).parents[1] / "data" / "mindformers"
 FILES = sorted(p.relative_to(DATA).as_posix() for p in DATA.rglob("*.yaml"))
 # the model each 2.1.0 file that names none is read with: the dialect tests' own table, under this file's paths
 MODEL_FOR = {f"2.1.0/{name}": path for name, path in DIALECT_MODEL_FOR.items()}

@@ -10,7 +10,7 @@ from mshelpers import doctor as D
 from mshelpers.doctor import topology as T
 from mshelpers.doctor.describe import Layout
 
-DATA = Path(__file__).parent / "data" / "mindformers"
+DATA = Path(__file__).parents[1] / "data" / "mindformers"
 A2 = D.hardware("atlas-800t-a2")
 
 

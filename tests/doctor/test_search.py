@@ -17,7 +17,7 @@ import yaml
 from mshelpers import doctor as D
 from mshelpers.doctor import search, variants
 
-DATA = Path(__file__).parent / "data" / "mindformers"
+DATA = Path(__file__).parents[1] / "data" / "mindformers"
 HW = D.hardware("atlas-800t-a2")
 CONFIGS = {                                             # what each one brings to the search's variants
     "dense r1.x, full recompute": "r1.2.0_pretrain_llama2_13b.yaml",

@@ -17,7 +17,7 @@ from mshelpers import doctor as D
 from mshelpers.doctor import cli as doctor_cli
 from mshelpers.doctor import logs as dl
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 Y = DATA / "mindformers"
 LOGS = DATA / "logs"
 Y7 = Y / "r1.2.0_pretrain_llama2_7b.yaml"

@@ -10,7 +10,7 @@ import yaml
 
 from mshelpers import doctor as D
 
-DATA = Path(__file__).parent / "data" / "mindformers"
+DATA = Path(__file__).parents[1] / "data" / "mindformers"
 Y7, Y13, Y70 = (DATA / f"r1.2.0_pretrain_llama2_{n}.yaml" for n in ("7b", "13b", "70b"))
 
 

@@ -21,7 +21,7 @@ import cli_fork
 from mshelpers.doctor import logs as dl
 from mshelpers.doctor.logs import LogError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ONE_LINE = re.compile(r"^doctor --log: \w+=[^\n]*; fix: [^\n]+$")
 
 GEN = r'''

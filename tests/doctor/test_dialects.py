@@ -10,7 +10,7 @@ import yaml
 import cli_fork
 from mshelpers import doctor as D
 
-DATA = Path(__file__).parent / "data" / "mindformers"
+DATA = Path(__file__).parents[1] / "data" / "mindformers"
 W = DATA / "2.1.0"
 HF = DATA / "hf"
 CONFIGS = sorted(p.relative_to(W).as_posix() for p in W.glob("*/*.yaml"))
