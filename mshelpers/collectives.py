@@ -277,7 +277,7 @@ def collective_time(op: str, nbytes: float, group_size: int, hardware: Hardware,
 
     Per pass: latency + (n-1)/n·S / bandwidth; an all-reduce is 2 passes (reduce-scatter + all-gather), an
     all-gather or reduce-scatter 1, a broadcast sends S once. The group is n consecutive ranks of one node, or
-    with `crosses_nodes` one rank on each of n nodes. tests/test_one_price.py holds this equal to the gradient
+    with `crosses_nodes` one rank on each of n nodes. tests/doctor/test_one_price.py holds this equal to the gradient
     reduction of the doctor's data-parallel step.
 
         >>> from mshelpers.hardware import Hardware

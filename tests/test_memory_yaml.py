@@ -1,7 +1,7 @@
 """mshelpers.memory against what real configs use: the terms the config doctor prices every layer with, worked
 by hand, and mindformers' published Llama 2 pre-training YAMLs (tests/data/mindformers/, each with a header naming
 its repository, path and commit) priced by `estimate_from_mindformers_yaml`, the doctor's price (one reader, one
-cost model: tests/test_one_price.py), against their max_device_memory.
+cost model: tests/doctor/test_one_price.py), against their max_device_memory.
 
 Units: s·b·h ("sbh") is one 16-bit activation of the layer's width counted at 2 bytes per
 value, as in Korthikanti et al. 2022; all counts below are per layer, in multiples of sbh.

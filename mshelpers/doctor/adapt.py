@@ -11,7 +11,7 @@ activations one micro-batch leaves on a stage. Both are read off the doctor's ow
   on_degrees(cfg, dp, ...)    the same model and global batch on other degrees, as the doctor's search varies them
 
 A planner that prices a layout through these and through `cost.memory_per_stage` / `cost.step_time` says what
-the CLI says for the same file (tests/test_one_price.py holds every fixture YAML to that).
+the CLI says for the same file (tests/doctor/test_one_price.py holds every fixture YAML to that).
 """
 from __future__ import annotations
 

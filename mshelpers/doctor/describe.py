@@ -159,7 +159,7 @@ class Calibration:
                 "attention_efficiency": round(self.attention_efficiency, 4), "fitted_on": ", ".join(self.fitted_on)}
 
 
-# The values calibration.fit_calibration() returns on the published "fit" rows (tests/test_doctor.py re-fits and
+# The values calibration.fit_calibration() returns on the published "fit" rows (tests/doctor/test_api.py re-fits and
 # compares). Kept here, in the vocabulary every room imports, so cost.py needs no import of calibration.py.
 FIT_FILES = tuple(p["file"] for p in PUBLISHED if p["role"] == "fit")
 CALIBRATION = Calibration(compute_efficiency=0.6255, comm_time_factor=2.572, fitted_on=FIT_FILES,

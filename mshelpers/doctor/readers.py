@@ -558,5 +558,5 @@ def read_config(path_or_dict: Any, budget: Any = None, *, model_config: Any = No
 # ---------------------------------------------------------------- a variant read again (the slow way)
 def with_layout(cfg: Config, **kw) -> Config:
     """A variant the slow way: the file edited in its own dialect (edited_yaml) and read again. The search
-    uses variants.layout_variant, which tests/test_doctor_search.py checks prices exactly like this."""
+    uses variants.layout_variant, which tests/doctor/test_search.py checks prices exactly like this."""
     return read_config(edited_yaml(cfg, **kw), budget=cfg.budget_bytes, model_config=cfg.model_config)

@@ -4,7 +4,7 @@
 it with the reader's own rules (layouts.py); it never edits or reads a YAML, so the search prices thousands of
 them cheaply. `edited_yaml` writes a variant's keys into a copy of the parsed file in the file's own dialect,
 once per layout the search returns (the changes it lists, and the YAML --out writes). readers.with_layout
-reads that file again: tests/test_doctor_search.py checks that a variant prices exactly like it.
+reads that file again: tests/doctor/test_search.py checks that a variant prices exactly like it.
 Keys are mindformers' static names (parallel_config's, runner_config's, recompute_config's), any dialect.
 """
 from __future__ import annotations
