@@ -221,6 +221,75 @@ def claim_timing(base_name: str, base: Sequence[float], cand_name: str, cand: Se
     return verdict
 
 
+# --- one figure per quantity: measured once in a run, quoted after ---
+def _read_figures(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    try:
+        got = json.loads(text)
+        if not isinstance(got, dict):
+            raise ValueError("not an object")
+        return got
+    except ValueError as e:
+        raise ValueError(f"figures file {str(path)!r} is not a JSON object of figures ({e}); fix: delete it and re-run "
+                         "the notebook that records them") from None
+
+
+def record_figure(path: str | os.PathLike, name: str, value: float, unit: str, where: str, **context: Any) -> dict:
+    """Record one measured figure of this run (e.g. the graph-mode mini step, measured in notebook 02) in the JSON
+    file `path`, so that later notebooks quote it instead of measuring the same quantity again. `context` says what
+    was measured (batch, steps counted...). Two writers at once both land: the file is locked while it is read,
+    changed and replaced (a temporary file renamed over it, so a killed writer leaves the old file whole).
+
+        >>> import tempfile, os; p = os.path.join(tempfile.mkdtemp(), "figures.json")
+        >>> record_figure(p, "graph step", 183.2, "ms", "02_graph_mode", batch=8)["value"]
+        183.2
+    """
+    import fcntl
+    import math as _m
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not _m.isfinite(value):
+        raise ValueError(f"record_figure: value={value!r} for {name!r} is invalid; fix: pass the finite number measured")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"value": float(value), "unit": unit, "where": where, **context}
+    with open(path.with_suffix(path.suffix + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        figures = _read_figures(path)
+        figures[name] = entry
+        tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    return entry
+
+
+def quote_figure(path: str | os.PathLike, name: str, here: float | None = None, why: str = "") -> dict:
+    """Print the figure `name` as it was measured once in this run (`record_figure`), and, when this notebook
+    measures its own value `here` of the same quantity, that value beside it with `why` it differs (batch, steps
+    counted, profiler on). A figure nobody recorded raises, naming the notebook to run first. Returns the entry.
+
+        >>> import tempfile, os; p = os.path.join(tempfile.mkdtemp(), "figures.json")
+        >>> _ = record_figure(p, "graph step", 183.2, "ms", "02_graph_mode", batch=8)
+        >>> _ = quote_figure(p, "graph step", here=208.0, why="the profiler records every step")
+        graph step: 183.2 ms, measured once in 02_graph_mode (batch=8); here 208 ms (x1.14): the profiler records every step
+    """
+    figures = _read_figures(Path(path))
+    if name not in figures:
+        raise ValueError(f"quote_figure: {name!r} is not in {str(path)!r} (recorded: {sorted(figures)}); fix: run the "
+                         "notebook that measures it first (make outputs runs them in order)")
+    e = figures[name]
+    ctx = ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("value", "unit", "where"))
+    line = f"{name}: {_fmt_number(e['value'])} {e['unit']}, measured once in {e['where']}" + (f" ({ctx})" if ctx else "")
+    if here is not None:
+        if not why:
+            raise ValueError(f"quote_figure: {name!r} measured here too ({here}) without a reason; fix: pass why= "
+                             "(what differs: batch, steps counted, profiler on)")
+        line += f"; here {_fmt_number(here)} {e['unit']} (x{here / e['value']:.2f}): {why}"
+    print(line)
+    return e
+
+
 def aggregate(runs: dict[str, Sequence[dict]]) -> dict[str, dict[str, tuple[float, float, float]]]:
     """For each run name and numeric metric: (mean, min, max) over the seeds' summaries."""
     if not runs:

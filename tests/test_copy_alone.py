@@ -306,6 +306,8 @@ CALLS: dict[str, str] = {
         import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt
         assert m.figure_png(plt.figure())
         assert m.write_report("out", "t", [("s", "text", None)])
+        m.record_figure("figures.json", "step", np.float64(183.0), "ms", "02")
+        assert m.quote_figure("figures.json", "step", here=190.0, why="w")["value"] == 183.0
         table = [{"name": "base"}, {"name": "graph", "tokens/s verdict": "win"}]
         assert m.choose_stack(table, {"speed": ["tokens/s"]}, "base") == (["graph"], {})
         assert m.claim("equal {x}", np.float32(1.0) == 1.0, x=np.float64(1.0)) == "equal 1"

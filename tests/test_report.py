@@ -191,3 +191,46 @@ def test_claim_timing_keeps_its_verdict_when_the_log_cannot_be_written(capsys, t
     assert "MSHELPERS_VERDICT_LOG" in capsys.readouterr().err
 
 
+
+
+# ---------------------------------------------------------------- one figure per quantity
+def test_a_figure_is_recorded_once_and_quoted_with_the_reason_a_notebook_differs(tmp_path, capsys):
+    from mshelpers.report import quote_figure, record_figure
+    p = tmp_path / "figures.json"
+    record_figure(p, "graph step", 183.0, "ms", "02_graph_mode", batch=8)
+    record_figure(p, "graph tokens/s", 5596.0, "tokens/s", "02_graph_mode")
+    e = quote_figure(p, "graph step", here=201.3, why="the profiler is on")
+    assert e["value"] == 183.0 and e["batch"] == 8
+    assert capsys.readouterr().out == ("graph step: 183 ms, measured once in 02_graph_mode (batch=8); here 201.3 ms "
+                                       "(x1.10): the profiler is on\n")     # 201.3 / 183 = 1.1
+    with pytest.raises(ValueError, match="without a reason"):
+        quote_figure(p, "graph step", here=200.0)
+    with pytest.raises(ValueError, match="run the notebook that measures it first"):
+        quote_figure(p, "pynative step")
+    for bad in (float("nan"), "183", True, float("inf")):
+        with pytest.raises(ValueError, match="value="):
+            record_figure(p, "graph step", bad, "ms", "02")
+    assert quote_figure(p, "graph step")["value"] == 183.0            # nothing lost to a refused write
+    p.write_text('{"graph step": {"val')                             # a truncated file: one line naming it
+    with pytest.raises(ValueError, match="is not a JSON object.*delete it"):
+        quote_figure(p, "graph step")
+
+
+def test_two_writers_at_once_both_land(tmp_path):
+    import multiprocessing as mp
+    from mshelpers.report import _read_figures
+    p = tmp_path / "figures.json"
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_write_many, args=(str(p), w)) for w in range(2)]
+    for q in procs:
+        q.start()
+    for q in procs:
+        q.join(60)
+    assert [q.exitcode for q in procs] == [0, 0]
+    assert sorted(_read_figures(p)) == sorted(f"w{w} f{i}" for w in range(2) for i in range(25))
+
+
+def _write_many(path, w):
+    from mshelpers.report import record_figure
+    for i in range(25):
+        record_figure(path, f"w{w} f{i}", float(i), "ms", "test")
