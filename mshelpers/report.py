@@ -249,7 +249,7 @@ def record_figure(path: str | os.PathLike, name: str, value: float, unit: str, w
     """
     import fcntl
     import math as _m
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not _m.isfinite(value):
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not _m.isfinite(value):
         raise ValueError(f"record_figure: value={value!r} for {name!r} is invalid; fix: pass the finite number measured")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
