@@ -267,24 +267,27 @@ def record_figure(path: str | os.PathLike, name: str, value: float, unit: str, w
 def quote_figure(path: str | os.PathLike, name: str, here: float | None = None, why: str = "") -> dict:
     """Print the figure `name` as it was measured once in this run (`record_figure`), and, when this notebook
     measures its own value `here` of the same quantity, that value beside it with `why` it differs (batch, steps
-    counted, profiler on). A figure nobody recorded raises, naming the notebook to run first. Returns the entry.
+    counted, profiler on). Returns the entry, or None when nobody recorded it yet: notebooks may run in any order
+    (nbval runs them two at a time), so that is said in one line with the notebook to run first, not raised.
 
         >>> import tempfile, os; p = os.path.join(tempfile.mkdtemp(), "figures.json")
         >>> _ = record_figure(p, "graph step", 183.2, "ms", "02_graph_mode", batch=8)
         >>> _ = quote_figure(p, "graph step", here=208.0, why="the profiler records every step")
         graph step: 183.2 ms, measured once in 02_graph_mode (batch=8); here 208 ms (x1.14): the profiler records every step
     """
+    if here is not None and not why:
+        raise ValueError(f"quote_figure: {name!r} measured here too ({here}) without a reason; fix: pass why= "
+                         "(what differs: batch, steps counted, profiler on)")
     figures = _read_figures(Path(path))
     if name not in figures:
-        raise ValueError(f"quote_figure: {name!r} is not in {str(path)!r} (recorded: {sorted(figures)}); fix: run the "
-                         "notebook that measures it first (make outputs runs them in order)")
+        print(f"{name}: not recorded yet in {str(path)!r} (recorded: {sorted(figures)}); the notebook that measures "
+              f"it records it when run first (make outputs runs them in order)"
+              + (f"; here {_fmt_number(here)}: {why}" if here is not None else ""))
+        return None
     e = figures[name]
     ctx = ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("value", "unit", "where"))
     line = f"{name}: {_fmt_number(e['value'])} {e['unit']}, measured once in {e['where']}" + (f" ({ctx})" if ctx else "")
     if here is not None:
-        if not why:
-            raise ValueError(f"quote_figure: {name!r} measured here too ({here}) without a reason; fix: pass why= "
-                             "(what differs: batch, steps counted, profiler on)")
         line += f"; here {_fmt_number(here)} {e['unit']} (x{here / e['value']:.2f}): {why}"
     print(line)
     return e
