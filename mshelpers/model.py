@@ -39,8 +39,10 @@ def precision_knobs(cfg: RunConfig, device: str = "CPU") -> dict[str, str]:
       O0: everything float32.
       O1: matmuls in the half type; softmax, norms, rotary and params stay float32.
       O2: as O1, plus softmax in the half type (params and norms float32, Apex O2 style).
-      O3: everything, parameters included, in the half type.
-    The half type is cfg.compute_dtype if that is a half type, else float16.
+      O3: everything, parameters included (param_init_type), in the half type.
+    The half type is cfg.compute_dtype if that is a half type, else float16. This is the cookbook's mapping onto
+    mindformers' fields, not MindSpore's levels: `ms.amp.auto_mixed_precision(net, "O3")` casts every op's inputs
+    but leaves the stored parameters float32 (notebook 03 measures both).
     """
     half = cfg.compute_dtype if cfg.compute_dtype in HALF else "float16"
     f32 = "float32"
