@@ -110,6 +110,20 @@ CALLS: dict[str, str] = {
         m.check_fits(cfg); assert m.n_windows_available(cfg) >= 2 and m.data_id(cfg).startswith("markov")
         src = m.MarkovSource(64)
         open("t.txt", "w").write("hello world"); assert len(m.text_tokens("t.txt")) == 11
+        import queue
+        q = queue.Queue(); [q.put(i) for i in range(3)]
+        try:
+            m.PastPrefetch(q.get_nowait, 0.5, max_batches=3)()       # three queued, none waited: one line
+        except RuntimeError as e:
+            assert "fix:" in str(e) and chr(10) not in str(e)
+        for call in (lambda: m.read_mindrecord("no.mindrecord"), lambda: m.mindrecord_dataset("no.mindrecord", 8),
+                     lambda: m.check_mindrecord("no.mindrecord"), lambda: m.write_mindrecord(np.arange(3), "w.mindrecord"),
+                     lambda: m.read_tokens_per_s(None, epochs=0)):
+            try:
+                call()
+            except (FileNotFoundError, ValueError, m.CorruptMindRecord) as e:
+                assert "fix:" in str(e)
+        assert "mindspore" not in sys.modules    # refusals and checks come before MindSpore is imported
     """,
     "device": """
         assert m.detect() in ("CPU", "GPU", "Ascend") and m.require("CPU") == "CPU"

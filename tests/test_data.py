@@ -1,3 +1,4 @@
+import time
 import numpy as np
 import pytest
 
@@ -277,3 +278,148 @@ def test_windows_of_one_per_block_work_and_longer_than_a_block_is_one_line():
         windows(RunConfig.preset("tiny").replace(seq_len=200_000), n_windows=1)
     assert str(e.value) == ("RunConfig.seq_len=200000 is longer than a corpus block of 200000 tokens; "
                             "fix: use a shorter seq_len")
+
+
+# --- MindRecord (notebook 08): written once, read back exactly, held to what was written ---
+from mshelpers.data import (CorruptMindRecord, PastPrefetch, check_mindrecord, mindrecord_dataset,  # noqa: E402
+                            read_mindrecord, read_tokens_per_s, write_mindrecord)
+
+
+def _tiny_windows(n=40):
+    return windows(RunConfig.preset("tiny").replace(vocab_size=1024), n)[:n]
+
+
+def test_mindrecord_round_trip_is_exact_in_order(tmp_path):
+    w = _tiny_windows()
+    info = write_mindrecord(w, tmp_path / "w.mindrecord")
+    assert (info["rows"], info["seq"], info["raw_bytes"]) == (len(w), w.shape[1], w.astype(np.int32).nbytes)
+    assert info["file_bytes"] > 0 and info["index_bytes"] > 0 and info["write_s"] > 0
+    back = read_mindrecord(tmp_path / "w.mindrecord")
+    assert back.dtype == np.int32 and np.array_equal(back, w)
+    rows = [b[0] for b in mindrecord_dataset(tmp_path / "w.mindrecord", 8).create_tuple_iterator(output_numpy=True)]
+    assert np.array_equal(np.concatenate(rows), w[:len(w) // 8 * 8])
+    r = read_tokens_per_s(mindrecord_dataset(tmp_path / "w.mindrecord", 8, verify=False), epochs=2)
+    assert r["batches"] == 2 * (len(w) // 8) and r["tokens"] == r["batches"] * 8 * w.shape[1] and r["tokens_per_s"] > 0
+    assert check_mindrecord(tmp_path / "w.mindrecord")["rows"] == len(w)
+
+
+def test_mindrecord_int64_tokens_within_int32_are_written_as_int32(tmp_path):
+    w = _tiny_windows(16).astype(np.int64)
+    write_mindrecord(w, tmp_path / "w.mindrecord")
+    assert np.array_equal(read_mindrecord(tmp_path / "w.mindrecord"), w)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (np.arange(10, dtype=np.int32), r"windows has shape \(10,\); fix: pass a non-empty \(n, seq_len\+1\)"),
+    (np.zeros((0, 5), np.int32), r"windows has shape \(0, 5\); fix:"),
+    (np.zeros((2, 5), np.float32), r"windows.dtype=float32 is not an integer type; fix: pass token ids"),
+    (np.full((2, 5), 2**40, np.int64), r"windows holds 1099511627776, outside int32; fix:"),
+])
+def test_write_mindrecord_refuses_bad_windows_in_one_line(tmp_path, bad, match):
+    with pytest.raises(ValueError, match=match) as e:
+        write_mindrecord(bad, tmp_path / "w.mindrecord")
+    assert "\n" not in str(e.value) and not (tmp_path / "w.mindrecord").exists()
+
+
+def test_write_mindrecord_refuses_another_suffix_and_an_existing_file_without_overwrite(tmp_path):
+    with pytest.raises(ValueError, match=r"path='.*w.bin' does not end in .mindrecord; fix: name the file"):
+        write_mindrecord(_tiny_windows(8), tmp_path / "w.bin")
+    write_mindrecord(_tiny_windows(8), tmp_path / "w.mindrecord")
+    with pytest.raises(FileExistsError, match="exists and overwrite=False; fix: overwrite=True"):
+        write_mindrecord(_tiny_windows(8), tmp_path / "w.mindrecord", overwrite=False)
+
+
+def _written(tmp_path):
+    p = tmp_path / "w.mindrecord"
+    write_mindrecord(_tiny_windows(), p)
+    return p
+
+
+def test_a_truncated_mindrecord_is_one_line_before_mindata_reads_it(tmp_path):
+    p = _written(tmp_path)
+    data = p.read_bytes()
+    p.write_bytes(data[:len(data) // 2])
+    for call in (lambda: read_mindrecord(p), lambda: mindrecord_dataset(p, 8)):
+        with pytest.raises(CorruptMindRecord, match=rf"holds {len(data) // 2} bytes where {len(data)} were written "
+                                                    r"\(truncated\); fix: write it again") as e:
+            call()
+        assert "\n" not in str(e.value)
+
+
+def test_a_changed_data_byte_is_caught_although_mindrecord_keeps_no_checksum(tmp_path):
+    p = _written(tmp_path)
+    data = bytearray(p.read_bytes())
+    nz = np.flatnonzero(np.frombuffer(bytes(data), np.uint8))
+    data[int(nz[-len(nz) // 3])] ^= 0x01              # one bit, inside the written data: same size
+    p.write_bytes(bytes(data))
+    with pytest.raises(CorruptMindRecord, match=r"bytes differ from those written \(SHA-256 .*\): corrupt; fix:") as e:
+        read_mindrecord(p)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_file_index_or_record_is_one_line(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nope.mindrecord does not exist; fix: write it"):
+        check_mindrecord(tmp_path / "nope.mindrecord")
+    p = _written(tmp_path)
+    (tmp_path / "w.mindrecord.json").write_text("{not json")
+    with pytest.raises(CorruptMindRecord, match=r"w.mindrecord.json is unreadable \(JSONDecodeError\); fix:"):
+        check_mindrecord(p)
+    (tmp_path / "w.mindrecord.json").unlink()
+    with pytest.raises(CorruptMindRecord, match=r"has no record of what was written \(w.mindrecord.json\); fix:"):
+        check_mindrecord(p)
+    p = _written(tmp_path)
+    (tmp_path / "w.mindrecord.db").unlink()
+    with pytest.raises(CorruptMindRecord, match=r"index w.mindrecord.db is missing; fix: write it again"):
+        read_mindrecord(p)
+
+
+def test_read_and_batch_arguments_are_refused_in_one_line(tmp_path):
+    p = _written(tmp_path)
+    with pytest.raises(ValueError, match=r"batch_size=0 is invalid; fix: pass an integer >= 1"):
+        mindrecord_dataset(p, 0)
+    with pytest.raises(ValueError, match=r"epochs=0 is invalid; fix:"):
+        read_tokens_per_s(mindrecord_dataset(p, 8), epochs=0)
+
+
+# --- PastPrefetch (notebook 08): the reader timed past the batches it read ahead ---
+def _reader_thread(per_item_s, queue_size, n=40):
+    """A real read-ahead pipeline: a thread that takes `per_item_s` per item and fills a bounded queue."""
+    import queue
+    import threading
+    q = queue.Queue(maxsize=queue_size)
+
+    def read():
+        for i in range(n):
+            time.sleep(per_item_s)
+            q.put(i)
+    threading.Thread(target=read, daemon=True).start()
+    return q
+
+
+def test_past_prefetch_drops_the_read_ahead_batches_and_then_waits_for_the_reader():
+    q = _reader_thread(0.03, queue_size=4)
+    time.sleep(0.4)                                    # the queue fills while "the process compiles"
+    assert q.full()
+    feed = PastPrefetch(q.get, min_wait_s=0.015)
+    first = feed()
+    # the 4 queued and the one the reader held, waiting for room: 5 came at once; the 6th was read meanwhile
+    assert feed.drained["dropped"] == 5 and feed.drained["wait_s"] >= 0.015 and first == 5
+    t0 = time.perf_counter()
+    feed(); feed()
+    assert time.perf_counter() - t0 >= 0.05           # each fresh item waits for the reader (30 ms)
+    times = feed.fetch_times(3)
+    assert len(times) == 3 and min(times) >= 0.02      # the reader alone: 30 ms per item, nothing queued
+    with pytest.raises(ValueError, match=r"n=0 is invalid; fix:"):
+        feed.fetch_times(0)
+
+
+def test_past_prefetch_refuses_bad_arguments_and_a_reader_that_never_waits():
+    with pytest.raises(ValueError, match=r"fetch=3 is not callable; fix:"):
+        PastPrefetch(3, 0.1)
+    with pytest.raises(ValueError, match=r"min_wait_s=0 is invalid; fix:"):
+        PastPrefetch(lambda: 1, 0)
+    with pytest.raises(ValueError, match=r"max_batches=0 is invalid; fix:"):
+        PastPrefetch(lambda: 1, 0.1, max_batches=0)
+    with pytest.raises(RuntimeError, match=r"5 batches came without a wait of 0.1 s \(max_batches=5\); fix:") as e:
+        PastPrefetch(lambda: 1, 0.1, max_batches=5)()
+    assert "\n" not in str(e.value)
