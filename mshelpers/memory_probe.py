@@ -132,6 +132,35 @@ def measure_peaks(fn: Callable, arg_tuples: list[tuple], *, parallel: int = 1, *
         return list(pool.map(lambda args: measure_peak(fn, *args, **kwargs), arg_tuples))
 
 
+# --- the memory pool's own peak, from MindSpore's log (CPU: the API returns 0) ---
+_POOL_LINE = "DumpDynamicMemPoolStateInfo"
+
+
+def pool_log_env(log_dir: Any) -> dict:
+    """Environment for a fresh MindSpore process that logs (INFO) to files under `log_dir`, where the memory pool
+    writes its totals when the process ends; read them with `pool_peak(log_dir)`. Use one empty folder per run.
+    Taught in notebooks/06_recompute_memory.ipynb."""
+    return {"GLOG_v": "1", "GLOG_logtostderr": "0", "GLOG_log_dir": str(log_dir)}
+
+
+def pool_peak(log_dir: Any) -> dict:
+    """The memory pool's totals a process logged under `log_dir` (`pool_log_env`), in bytes: {"peak_used": the
+    tensors in use at the peak, what `ms.runtime.max_memory_allocated()` reports on Ascend; "actual_peak": the
+    pool's highest offset touched, free gaps included; "allocated": the pool's reserved blocks}. On CPU the rest
+    of the process's RSS lies outside this pool. Raises FileNotFoundError when no pool line was logged.
+    Taught in notebooks/06_recompute_memory.ipynb."""
+    import re
+    from pathlib import Path
+    lines = [ln for f in sorted(Path(log_dir).rglob("*")) if f.is_file()
+             for ln in f.read_text(errors="replace").splitlines() if _POOL_LINE in ln]
+    if not lines:
+        raise FileNotFoundError(f"pool_peak: no {_POOL_LINE} line under {log_dir}; fix: run the process with "
+                                "env=pool_log_env(log_dir) and let it exit")
+    pick = {"allocated": r"total allocated mem:(\d+)M", "peak_used": r"[^l] peak used mem:(\d+)M",
+            "actual_peak": r"actual peak used mem:(\d+)M"}
+    return {k: int(re.search(p, lines[-1]).group(1)) * 2**20 for k, p in pick.items()}
+
+
 # --- workloads ---
 def allocate_bytes(n_bytes: int, hold_s: float = 0.0) -> int:
     """Touch `n_bytes` of fresh memory and return how many were touched (a measure_peak self-check).

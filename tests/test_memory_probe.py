@@ -150,3 +150,17 @@ def test_concurrent_measure_peaks_each_child_sees_its_own_env():
         assert got == ["a", "b"]
         assert "MSH_TEST_VAR" not in os.environ
 
+
+
+def test_pool_peak_reads_the_pool_a_fresh_mindspore_process_logged_and_it_grows_with_the_batch(tmp_path):
+    peaks = {}
+    for b in (2, 16):
+        cfg = RunConfig.preset("tiny").replace(mode="pynative", batch_size=b, seq_len=128, name=f"pool{b}")
+        r = measure_peak(memory_probe.train_for_peak, cfg, 1, preload=("mindspore",),
+                         env=memory_probe.pool_log_env(tmp_path / f"b{b}"))
+        peaks[b] = memory_probe.pool_peak(tmp_path / f"b{b}")
+        assert 0 < peaks[b]["peak_used"] <= peaks[b]["actual_peak"] <= peaks[b]["allocated"]
+        assert peaks[b]["actual_peak"] <= r.peak_rss_bytes          # the pool's touched part is inside the RSS
+    assert peaks[16]["peak_used"] > 2 * peaks[2]["peak_used"]      # activations: 8x the batch
+    with pytest.raises(FileNotFoundError, match="pool_log_env"):
+        memory_probe.pool_peak(tmp_path / "empty")
