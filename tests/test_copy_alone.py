@@ -202,6 +202,11 @@ CALLS: dict[str, str] = {
             m.measure_peaks(m.allocate_bytes, [(1,)], parallel=0)
         except ValueError as e:
             assert "fix:" in str(e)
+        assert m.pool_log_env("logs")["GLOG_log_dir"] == "logs"
+        try:
+            m.pool_peak("no_such_dir")
+        except FileNotFoundError as e:
+            assert "fix:" in str(e)
         assert "mindspore" not in sys.modules
     """,
     "metrics": """
