@@ -301,7 +301,8 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
                         seeds: Any = None, isolate: bool = True, metrics: dict[str, bool] | None = None,
                         timeout: float = 900, progress: bool = True, forkserver_preload: Any = None,
                         aa_control: bool | dict = False, warmup: bool | dict = False,
-                        budget_s: float = 0.0, max_rounds: int = 12, decide_on: Any = None) -> dict[str, Any]:
+                        budget_s: float = 0.0, max_rounds: int = 12, decide_on: Any = None,
+                        narrow_to: float | None = None) -> dict[str, Any]:
     """Run N candidates alternately over R rounds, rotating their order; medians, spreads and verdicts.
 
     candidates: {name: fn | (fn, args) | (fn, args, kwargs) | (fn, args, kwargs, env)}. Each call returns a
@@ -337,6 +338,8 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         of `decide_on` (default: the first of `metrics`) is 'too noisy', the next round fits in `budget_s` seconds counted from the first timed round, and
         fewer than `max_rounds` ran: the band narrows as rounds are added (a busy neighbour costs time, not a
         verdict). 0 (the default) runs exactly `rounds`. Not with `seeds` (one seed per round is fixed).
+    narrow_to: with budget_s, keep adding rounds also while a watched candidate's band is this wide or wider (e.g.
+        0.15: a verdict whose band is under ±15 % says more than one decided at ±40 %), within the same budget.
     """
     if not candidates:
         raise ValueError("compare_interleaved: candidates is empty; fix: pass {name: fn or (fn, args, kwargs)}")
@@ -426,13 +429,14 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
     for r, name in bar(order, "interleaved runs"):
         run_round(r, [name])
     while aa_control and budget_s and rounds < max_rounds:
-        undecided = [f"{n} ({m})" for m in watched for n in names
-                     if n not in (baseline, aa_name) and (paired(n, m) or ("",))[0] == "too noisy"]
+        undecided = [f"{n} ({m})" for m in watched for n in names if n not in (baseline, aa_name)
+                     and ((got := paired(n, m)) is not None
+                          and (got[0] == "too noisy" or (narrow_to is not None and got[1] >= narrow_to)))]
         per_round = (time.perf_counter() - t0) / rounds
         if not undecided or time.perf_counter() - t0 + per_round > budget_s:
             break
         if progress:
-            print(f"round {rounds + 1}: {', '.join(undecided)} still too noisy; one more round "
+            print(f"round {rounds + 1}: {', '.join(undecided)} still too noisy or too wide; one more round "
                   f"(~{per_round:.0f} s of a {budget_s:.0f} s budget)", flush=True)
         run_round(rounds, [names[(i + rounds) % len(names)] for i in range(len(names))])
         rounds += 1

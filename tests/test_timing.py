@@ -283,6 +283,12 @@ def test_budget_adds_rounds_until_the_verdict_decides():
     capped = compare_interleaved({"base": base, "slower": slower}, rounds=3, isolate=False, progress=False,
                                  aa_control=True, budget_s=600, max_rounds=4)
     assert capped["rounds"] == 4                      # max_rounds caps it, and the verdict stays open
+    k["calls"] = 0
+    # narrow_to: rounds go on past the decision while the band is still wider than asked (0.178 at 9 rounds; 0.1398,
+    # 15 %, needs 0.534 / sqrt(R) < 0.1398: R >= 15), here up to max_rounds 12
+    narrowed = compare_interleaved({"base": base, "slower": slower}, rounds=3, isolate=False, progress=False,
+                                   aa_control=True, budget_s=600, max_rounds=12, narrow_to=0.15)
+    assert narrowed["rounds"] == 12
     with pytest.raises(ValueError, match="seeds"):
         compare_interleaved({"base": base}, seeds=[1, 2], isolate=False, progress=False, aa_control=True, budget_s=5)
     with pytest.raises(ValueError, match="max_rounds"):
