@@ -224,19 +224,18 @@ def check_timing_manifest(stamps: dict, printed: dict[str, int]) -> float:
         assert len(vs) == printed.get(n, 0), (f"{n}: {printed.get(n, 0)} timing verdicts printed, {len(vs)} in the "
                                               "manifest: every timing claim is listed with its band")
     allv = [v for vs in per.values() for v in vs]
-    # issue 48 asks that the committed run hold no 'too noisy' verdict. A run can still draw one (2-round comparisons
-    # of compile-bound first steps are the usual case), so the count is reported, like the share below, and every
-    # such verdict must carry its reason; the open target is recorded in tests/README and the issue.
+    # the committed run decides everything it measures (issue 48): 'too noisy' is allowed on a user's busy machine,
+    # never in the run the notebooks are committed from (re-run `make outputs` on an idle machine)
     noisy = [(n, v["cand"], v["base"]) for n, vs in per.items() for v in vs if v.get("verdict") == "too noisy"]
-    print(f"{len(noisy)} 'too noisy' verdicts in the committed run: {noisy}")
+    assert not noisy, f"the committed run holds 'too noisy' verdicts: {noisy}; re-run `make outputs` on an idle machine"
     wide = [(n, v) for n, vs in per.items() for v in vs if not v.get("band", 1) < 0.15]
     unexplained = [(n, v["cand"], v["base"], v.get("band")) for n, v in wide if not v.get("why_wide")]
     assert not unexplained, f"bands of ±15 % or wider whose cell does not say why: {unexplained}"
-    # issue 48 asks for at least 80 % of the bands under ±15 %; the share is reported (and recorded in tests/README),
-    # not asserted: it is a property of the machine's noise on the run, which the rules above keep honest
     share = 1 - len(wide) / len(allv) if allv else 1.0
     print(f"{len(allv) - len(wide)} of {len(allv)} timing bands under ±15 % ({share:.0%}); wide, each with its reason: "
           + "; ".join(f"{n} {v['cand']} ±{100 * v['band']:.0f} %" for n, v in wide))
+    assert share >= 0.8, (f"only {share:.0%} of the committed run's timing bands are under ±15 % (at least 80 %): "
+                          "add rounds where a band is wide, or re-run `make outputs` on an idle machine")
     return share
 
 
@@ -248,23 +247,18 @@ def test_the_committed_run_lists_every_timing_verdict_with_its_band_and_each_wid
 def test_the_timing_manifest_check_can_fail():
     ok = {"cand": "b", "base": "a", "verdict": "win", "band": 0.05}
     stamp = lambda vs: {"notebook": {"timing_verdicts": vs}}
-    check_timing_manifest({"x": stamp([ok] * 4 + [dict(ok, band=0.3, why_wide="a compile")])}, {"x": 5})
-    with pytest.raises(AssertionError, match="does not say why"):      # too noisy means a wide band: it needs its reason
-        check_timing_manifest({"x": stamp([ok, dict(ok, verdict="too noisy", band=0.4)])}, {"x": 2})
-    assert check_timing_manifest({"x": stamp([ok, dict(ok, verdict="too noisy", band=0.4, why_wide="w")])},
-                                 {"x": 2}) == 0.5
+    assert check_timing_manifest({"x": stamp([ok] * 4 + [dict(ok, band=0.3, why_wide="a compile")])}, {"x": 5}) == 0.8
+    with pytest.raises(AssertionError, match="too noisy"):            # the committed run must decide
+        check_timing_manifest({"x": stamp([ok] * 9 + [dict(ok, verdict="too noisy", band=0.4, why_wide="w")])},
+                              {"x": 10})
     with pytest.raises(AssertionError, match="printed"):
         check_timing_manifest({"x": stamp([ok])}, {"x": 2})
     with pytest.raises(AssertionError, match="does not say why"):
-        check_timing_manifest({"x": stamp([ok, dict(ok, band=0.2)])}, {"x": 2})
-    assert check_timing_manifest({"x": stamp([ok, dict(ok, band=0.2, why_wide="w")])}, {"x": 2}) == 0.5
-    with pytest.raises(AssertionError, match="no timing verdicts"):
-        check_timing_manifest({"x": {"notebook": {}}}, {})
-    assert len(TIMING_LINE.findall("✓ a: x  [verdict=win, expected=win]\nTOO NOISY to decide b against a: ...\n"
-                                   "undecided beforehand, measured: c  [verdict=within noise; not a claim]")) == 3
+        check_timing_manifest({"x": stamp([ok] * 9 + [dict(ok, band=0.2)])}, {"x": 10})
+    with pytest.raises(AssertionError, match="at least 80 %"):
+        check_timing_manifest({"x": stamp([ok] * 3 + [dict(ok, band=0.2, why_wide="w")])}, {"x": 4})
 
 
-# ---------------------------------------------------------------- README's figures are the committed run's
 def test_readme_figures_are_the_committed_runs(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import readme_figures
