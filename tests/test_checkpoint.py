@@ -528,3 +528,369 @@ def test_a_failed_write_raises_its_own_error_and_removes_whatever_it_left(tmp_pa
         checkpoint.write_pending(tmp_path, net, opt, step=1, data_pos=1)
     assert e.value.errno == 28 and type(e.value) is OSError
     assert list(tmp_path.iterdir()) == []
+
+
+# --- CheckpointManager: resume, commit and preemption of one training run (real checkpoints, real steps) ---
+# Each test drives the manager as train.train does: vouch(loss) after every step, write() when due, finish() at
+# the last step, preempted() when a stop signal fired. A "step" is a real Adam step of a Dense(4, 3) net.
+import signal
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+from mshelpers.metrics import MetricsCSV
+from mshelpers.stability import SpikeGuard
+from mshelpers.train_cli import StopSignal
+
+
+class _Run:
+    """A tiny real training run: net, optimizer, loss scaler, one PyNative train step."""
+
+    def __init__(self, seed=0):
+        ms.set_seed(seed)
+        self.net, self.opt, self.sc = make()
+        self.step_cell = nn.TrainOneStepCell(nn.WithLossCell(self.net, nn.MSELoss()), self.opt)
+        self.x = ms.Tensor(np.arange(8, dtype=np.float32).reshape(2, 4) / 8)
+        self.y = ms.Tensor(np.ones((2, 3), np.float32))
+
+    def step(self):
+        return float(self.step_cell(self.x, self.y).asnumpy())
+
+    def state(self):
+        return {p.name: p.asnumpy().copy() for p in self.opt.get_parameters() if p.name != "learning_rate"}
+
+
+def _loop(mgr, run, first, last, data_pos=0):
+    """train()'s protocol for steps first..last; returns the data position and {step: state after it}."""
+    states = {}
+    for step in range(first, last + 1):
+        loss = run.step()
+        data_pos += 1
+        mgr.vouch(loss)
+        states[step] = {**run.state(), "loss": loss}
+        if mgr.due(step, last):
+            mgr.write(step, data_pos, loss)
+    mgr.finish()
+    return data_pos, states
+
+
+def _csv(path, steps):
+    path.write_text("step,loss\n" + "".join(f"{s},{s / 10}\n" for s in steps))
+    return MetricsCSV(path, ["step", "loss"])
+
+
+def _names(d):
+    return sorted(p.name for p in Path(d).iterdir())
+
+
+def test_manager_writes_every_k_steps_keeps_the_newest_and_resumes_the_exact_state(tmp_path, capsys):
+    run = _Run(seed=1)
+    mgr = checkpoint.CheckpointManager(tmp_path / "ck", every=2, keep=2, run={"id": "r1"}).attach(run.net, run.opt, run.sc)
+    data_pos, states = _loop(mgr, run, 1, 5)
+    # due at 2, 4 and the last step 5; keep=2 pruned step 2 when step 5 was committed
+    assert _names(tmp_path / "ck") == ["step_000004.ckpt", "step_000005.ckpt"] and data_pos == 5
+    assert mgr.last == tmp_path / "ck" / "step_000005.ckpt" and mgr.pending is None
+    # a new process: another init, the same run id; resume restores weights, Adam's moments and its step count
+    again = _Run(seed=2)
+    assert not np.array_equal(again.net.weight.asnumpy(), states[5]["weight"])
+    # the log as a crash can leave it: a row of step 5 from an earlier attempt before the real one (whose loss the
+    # checkpoint holds), and steps 6 and 7 that ran after the checkpoint
+    lines = [f"{s},{states[s]['loss']}" for s in range(1, 5)] + ["5,9.5", f"5,{states[5]['loss']}", "6,0.6", "7,0.7"]
+    (tmp_path / "metrics.csv").write_text("step,loss\n" + "".join(line + "\n" for line in lines))
+    log = MetricsCSV(tmp_path / "metrics.csv", ["step", "loss"])
+    m2 = checkpoint.CheckpointManager(tmp_path / "ck", every=2, keep=2, run={"id": "r1"})
+    assert m2.check_resume(8) is False and [r["step"] for r in m2.good] == [5, 4]
+    ready = []
+    start, pos, rows = m2.attach(again.net, again.opt, again.sc).begin(True, 8, log, on_ready=lambda: ready.append(1))
+    assert (start, pos, ready) == (6, 5, [1]) and [(r["step"], r["loss"]) for r in rows] == [
+        (s, states[s]["loss"]) for s in range(1, 6)]
+    assert (tmp_path / "metrics.csv").read_text() == "step,loss\n" + "".join(line + "\n" for line in lines[:4] + lines[5:6])
+    got, _ = again.state(), states[5].pop("loss")
+    assert got.keys() == states[5].keys()
+    for k in got:
+        np.testing.assert_array_equal(got[k], states[5][k], err_msg=k)
+    assert m2.start == 6 and m2.last == tmp_path / "ck" / "step_000005.ckpt"
+    assert capsys.readouterr().err.endswith(f"resumed from {tmp_path / 'ck' / 'step_000005.ckpt'} (step 5, data "
+                                            "position 5); continuing at step 6 of 8; kept line 7 for step 5 (its "
+                                            "loss matches the checkpoint's), dropped line 6\n")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_and_is_kept(tmp_path, capsys, damage):
+    run = _Run()
+    mgr = checkpoint.CheckpointManager(tmp_path, every=2, keep=3).attach(run.net, run.opt, run.sc)
+    _, states = _loop(mgr, run, 1, 4)
+    newest = tmp_path / "step_000004.ckpt"
+    newest.write_bytes(newest.read_bytes()[: len(newest.read_bytes()) // 2] if damage == "truncate" else b"")
+    damaged = newest.read_bytes()
+    again = _Run(seed=3)
+    m2 = checkpoint.CheckpointManager(tmp_path, every=2, keep=3)
+    assert m2.check_resume(10) is False
+    start, pos, _ = m2.attach(again.net, again.opt, again.sc).begin(True, 10, _csv(tmp_path / "m.csv", [1, 2, 3]))
+    assert (start, pos) == (3, 2)
+    np.testing.assert_array_equal(again.net.weight.asnumpy(), states[2]["weight"])
+    err = capsys.readouterr().err
+    assert f"checkpoint {newest} is corrupt or truncated" in err and "; skipping it\n" in err
+    assert newest.read_bytes() == damaged and (tmp_path / "step_000002.ckpt").exists()   # nothing lost
+
+
+def test_all_checkpoints_damaged_fails_in_one_line_and_touches_nothing(tmp_path):
+    run = _Run()
+    mgr = checkpoint.CheckpointManager(tmp_path, every=1, keep=2).attach(run.net, run.opt)
+    _loop(mgr, run, 1, 2)
+    for p in tmp_path.iterdir():
+        p.write_bytes(p.read_bytes()[:64])
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(checkpoint.NothingToResume) as e:
+        checkpoint.CheckpointManager(tmp_path, every=1, keep=2).check_resume(5)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"no checkpoint in {tmp_path} can be resumed (checkpoint ")
+    assert "step_000002.ckpt is corrupt" in msg and "step_000001.ckpt is corrupt" in msg
+    assert msg.endswith("; nothing was changed; fix: restore a checkpoint, or start a fresh run in another folder")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_only_another_runs_checkpoints_is_nothing_to_resume_and_a_finished_run_does_nothing(tmp_path, capsys):
+    run = _Run()
+    mgr = checkpoint.CheckpointManager(tmp_path, every=3, keep=2, run={"id": "theirs"}).attach(run.net, run.opt)
+    _loop(mgr, run, 1, 3)
+    with pytest.raises(checkpoint.NothingToResume, match=r"\(step_000003.ckpt belongs to run theirs\); nothing"):
+        checkpoint.CheckpointManager(tmp_path, run={"id": "ours"}).check_resume(5)
+    theirs = checkpoint.CheckpointManager(tmp_path, run={"id": "theirs"})
+    with pytest.raises(ValueError) as e:
+        theirs.check_resume(2)
+    assert str(e.value) == ("steps=2 is fewer than the checkpoint's step 3 (step_000003.ckpt); "
+                            "fix: pass steps >= 3")
+    capsys.readouterr()
+    assert theirs.check_resume(3) is True
+    assert capsys.readouterr().err == (f"the run is complete: {tmp_path / 'step_000003.ckpt'} is step 3 of 3; "
+                                       "nothing to do (pass a larger --steps to extend it)\n")
+    assert checkpoint.CheckpointManager(tmp_path / "none").check_resume(3) is False      # nothing there yet
+
+
+def test_resume_with_nothing_yet_starts_fresh_and_says_so(tmp_path, capsys):
+    run = _Run()
+    log = _csv(tmp_path / "metrics.csv", [1, 2])                     # a log without checkpoints: started over
+    mgr = checkpoint.CheckpointManager(tmp_path / "ck", every=2).attach(run.net, run.opt)
+    assert mgr.check_resume(4) is False
+    order = []
+    assert mgr.begin(True, 4, log, on_ready=lambda: order.append((tmp_path / "metrics.csv").read_text())) == (1, 0, [])
+    assert order == ["step,loss\n1,0.1\n2,0.2\n"]                    # on_ready runs before the log is cut
+    assert (tmp_path / "metrics.csv").read_text() == "step,loss\n"
+    assert capsys.readouterr().err == f"resume: no checkpoint in {tmp_path / 'ck'} yet; starting at step 1\n"
+    assert mgr.begin(False, 4, log) == (1, 0, []) and capsys.readouterr().err == ""
+
+
+def test_commit_is_a_rename_of_a_pending_file_no_reader_can_see(tmp_path):
+    run = _Run()
+    mgr = checkpoint.CheckpointManager(tmp_path, every=1, keep=5).attach(run.net, run.opt, run.sc)
+    loss = run.step()
+    mgr.write(1, 1, loss)
+    pending = mgr.pending
+    assert pending.name.startswith(f".tmp-{os.getpid()}-step_000001") and _names(tmp_path) == [pending.name]
+    assert checkpoint.list_checkpoints(tmp_path) == [] and checkpoint.latest_good(tmp_path) is None
+    inode, data = os.stat(pending).st_ino, pending.read_bytes()
+    mgr.vouch(run.step())                                             # the next loss is finite: committed
+    final = tmp_path / "step_000001.ckpt"
+    assert _names(tmp_path) == ["step_000001.ckpt"] and mgr.last == final and mgr.pending is None
+    assert os.stat(final).st_ino == inode and final.read_bytes() == data   # renamed into place, not rewritten
+    assert checkpoint.info(checkpoint.read(final)) == {"step": 1, "data_pos": 1, "loss": float(np.float32(loss))}
+
+
+def test_a_nonfinite_next_loss_drops_the_pending_checkpoint_and_keeps_the_last_good(tmp_path):
+    run = _Run()
+    mgr = checkpoint.CheckpointManager(tmp_path, every=1, keep=5).attach(run.net, run.opt)
+    mgr.write(1, 1, run.step())
+    mgr.vouch(1.0)
+    mgr.write(2, 2, run.step())
+    mgr.vouch(float("nan"))
+    assert _names(tmp_path) == ["step_000001.ckpt"] and mgr.pending is None and mgr.last.name == "step_000001.ckpt"
+    mgr.write(3, 3, run.step())
+    mgr.vouch(float("inf"))
+    mgr.finish()                                                      # nothing pending: nothing committed
+    mgr.drop()
+    assert _names(tmp_path) == ["step_000001.ckpt"]
+    mgr.write(4, 4, run.step())
+    mgr.drop()                                                        # the run stopped: nobody vouched for it
+    assert _names(tmp_path) == ["step_000001.ckpt"] and mgr.pending is None and mgr.pending_guard is None
+
+
+def test_due_every_k_steps_and_at_the_last_and_never_when_off(tmp_path):
+    mgr = checkpoint.CheckpointManager(tmp_path, every=3)
+    assert [s for s in range(1, 11) if mgr.due(s, 10)] == [3, 6, 9, 10]
+    assert not any(checkpoint.CheckpointManager(tmp_path).due(s, 10) for s in range(1, 11))
+    assert mgr.due(3, 3) is True and mgr.due(2, 3) is False
+
+
+def test_the_spike_guards_state_goes_beside_the_commit_as_it_was_at_the_write(tmp_path):
+    run = _Run()
+    cfg = SimpleNamespace(spike_window=5, spike_threshold=6.0)
+    guard = SpikeGuard(cfg, run.net, run.opt, run.sc)
+    mgr = checkpoint.CheckpointManager(tmp_path, every=1, keep=2).attach(run.net, run.opt, run.sc, guard)
+    for _ in range(3):
+        guard.is_spike(run.step(), 1.0)
+    mgr.write(3, 3, 0.5)
+    at_write = guard.state()
+    guard.events.append({"step": 4, "skipped_data_pos": 3})          # after the write: not part of step 3
+    mgr.vouch(0.5)
+    assert (tmp_path / "step_000003.guard.json").read_text() == at_write
+    fresh = _Run(seed=4)
+    g2 = SpikeGuard(cfg, fresh.net, fresh.opt, fresh.sc)
+    m2 = checkpoint.CheckpointManager(tmp_path, every=1, keep=2)
+    m2.check_resume(5)
+    m2.attach(fresh.net, fresh.opt, fresh.sc, g2).begin(True, 5, _csv(tmp_path / "m.csv", [1, 2, 3]))
+    assert g2.state() == at_write and g2.events == []
+
+
+def _stopped(signo):
+    stop = StopSignal()
+    stop.signo = signo                  # what its signal thread sets when the signal arrives
+    return stop
+
+
+def test_preempted_commits_the_vouched_pending_one_and_saves_the_step_it_stopped_after(tmp_path):
+    run = _Run()
+    mgr = checkpoint.CheckpointManager(tmp_path, every=4, keep=5, run={"id": "r"}).attach(run.net, run.opt, run.sc)
+    losses = [run.step() for _ in range(4)]
+    mgr.write(4, 4, losses[-1])
+    loss5 = run.step()                                               # step 5's loss is finite, then SIGTERM
+    want = run.state()
+    err = mgr.preempted(5, 5, loss5, _stopped(signal.SIGTERM))
+    assert isinstance(err, checkpoint.Preempted) and err.signo == signal.SIGTERM
+    assert str(err) == (f"SIGTERM after step 5: saved {tmp_path / 'step_000005.ckpt'} (step 5); "
+                        "fix: rerun with --resume to continue")
+    assert _names(tmp_path) == ["step_000004.ckpt", "step_000005.ckpt"]
+    assert checkpoint.info(checkpoint.read(tmp_path / "step_000005.ckpt")) == {
+        "step": 5, "data_pos": 5, "loss": float(np.float32(loss5)), "run": {"id": "r"}}
+    again = _Run(seed=5)
+    m2 = checkpoint.CheckpointManager(tmp_path, run={"id": "r"})
+    m2.check_resume(9)
+    assert m2.attach(again.net, again.opt, again.sc).begin(True, 9, _csv(tmp_path / "m.csv", []))[:2] == (6, 5)
+    for k, v in again.state().items():
+        np.testing.assert_array_equal(v, want[k], err_msg=k)
+
+
+def test_preempted_right_after_a_write_commits_that_one_without_writing_it_twice(tmp_path):
+    run = _Run()
+    mgr = checkpoint.CheckpointManager(tmp_path, every=2, keep=5).attach(run.net, run.opt)
+    run.step()
+    loss = run.step()
+    mgr.write(2, 2, loss)
+    os.utime(mgr.pending, ns=(10**18, 10**18))                       # a mark a second write would replace
+    err = mgr.preempted(2, 2, loss, _stopped(signal.SIGINT))
+    assert str(err).startswith(f"SIGINT after step 2: saved {tmp_path / 'step_000002.ckpt'} (step 2)")
+    assert _names(tmp_path) == ["step_000002.ckpt"] and os.stat(tmp_path / "step_000002.ckpt").st_mtime_ns == 10**18
+
+
+def test_preempted_before_any_step_or_with_nonfinite_weights_saves_nothing_new(tmp_path):
+    run = _Run()
+    mgr = checkpoint.CheckpointManager(tmp_path, every=0).attach(run.net, run.opt)
+    err = mgr.preempted(0, 0, None, _stopped(signal.SIGTERM))         # stopped before step 1 ran
+    assert str(err) == ("SIGTERM after step 0: no step completed in this process; newest checkpoint: none; "
+                        "fix: rerun with --resume to continue")
+    assert _names(tmp_path) == []
+    first = mgr.save_now(1, 1, run.step())
+    assert first == tmp_path / "step_000001.ckpt" and mgr.save_now(1, 1, 0.5) == first
+    run.net.weight.set_data(ms.Tensor(np.full((3, 4), np.nan, np.float32)))
+    assert mgr.nonfinite_weight() == "weight"
+    mgr.write(2, 2, 0.5)                                             # a pending one with NaN weights: dropped too
+    assert mgr.save_now(2, 2, 0.5) == first and mgr.pending is None
+    assert _names(tmp_path) == ["step_000001.ckpt"]                  # never a checkpoint of NaN weights
+    assert mgr.newest_finite() == f"{first} (step 1)"
+    assert checkpoint.CheckpointManager(None).newest_finite() == "none written yet"
+    assert checkpoint.CheckpointManager(None).attach(run.net, run.opt).save_now(3, 3, 0.5) is None
+    resumed = checkpoint.CheckpointManager(tmp_path)
+    resumed.check_resume(5)
+    resumed.attach(run.net, run.opt).begin(True, 5, _csv(tmp_path / "m.csv", [1]))
+    assert str(resumed.preempted(1, 1, None, _stopped(signal.SIGTERM))).startswith(
+        f"SIGTERM after step 1: no step completed in this process; newest checkpoint: {first}; fix")
+
+
+_SIGNAL_CHILD = textwrap.dedent("""
+    import sys, time
+    from mshelpers.train_cli import StopSignal
+    stop = StopSignal().install()                 # before MindSpore, as the CLI does
+    import mindspore as ms, numpy as np
+    from mindspore import nn
+    from mshelpers import checkpoint
+    net = nn.Dense(4, 3)
+    opt = nn.Adam(net.trainable_params())
+    cell = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), opt)
+    x, y = ms.Tensor(np.ones((2, 4), np.float32)), ms.Tensor(np.zeros((2, 3), np.float32))
+    mgr = checkpoint.CheckpointManager(sys.argv[1], every=0).attach(net, opt)
+    for step in range(1, 2001):
+        loss = float(cell(x, y).asnumpy())
+        mgr.vouch(loss)
+        print(step, flush=True)
+        time.sleep(0.02)
+        if stop.signo:
+            err = mgr.preempted(step, step, loss, stop)
+            print(err, file=sys.stderr, flush=True)
+            sys.exit(128 + err.signo)
+    sys.exit(3)
+""")
+
+
+def test_a_real_sigterm_mid_run_saves_the_last_completed_step(tmp_path):
+    """The signal path end to end: StopSignal's thread takes the SIGTERM, the loop sees it after the step."""
+    p = subprocess.Popen([sys.executable, "-c", _SIGNAL_CHILD, str(tmp_path)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        for line in p.stdout:
+            if int(line) == 3:
+                p.send_signal(signal.SIGTERM)
+                break
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    last = int(out.split()[-1]) if out.split() else 3
+    assert p.returncode == 128 + signal.SIGTERM, err
+    name = f"step_{last:06d}.ckpt"
+    assert err.splitlines()[-1] == (f"SIGTERM after step {last}: saved {tmp_path / name} (step {last}); "
+                                    "fix: rerun with --resume to continue")
+    assert _names(tmp_path) == [name] and checkpoint.info(checkpoint.read(tmp_path / name))["step"] == last
+
+
+def test_two_writers_never_overwrite_each_other(tmp_path, capsys):
+    """A second run writing into the same folder: its file at our name moves ours to foreign/ (kept, said), its
+    prune leaves ours alone, and our resume skips its checkpoints. The run lock refuses a second holder at once."""
+    a, b = _Run(seed=6), _Run(seed=7)
+    ma = checkpoint.CheckpointManager(tmp_path, every=2, keep=1, run={"id": "A"}).attach(a.net, a.opt)
+    mb = checkpoint.CheckpointManager(tmp_path, every=2, keep=1, run={"id": "B"}).attach(b.net, b.opt)
+    _loop(ma, a, 1, 4)                                               # A: step 2, then step 4 (keep 1)
+    ours = (tmp_path / "step_000004.ckpt").read_bytes()
+    _loop(mb, b, 1, 4)                                                # B: its 2, then its 4 at A's name
+    assert (tmp_path / "foreign" / "step_000004.ckpt").read_bytes() == ours
+    assert f"{tmp_path / 'step_000004.ckpt'} belongs to run A; moved it to" in capsys.readouterr().err
+    assert checkpoint.info(checkpoint.read(tmp_path / "step_000004.ckpt"))["run"] == {"id": "B"}
+    with pytest.raises(checkpoint.NothingToResume, match="step_000004.ckpt belongs to run B"):
+        checkpoint.CheckpointManager(tmp_path, run={"id": "A"}).check_resume(6)
+    with checkpoint.run_lock(tmp_path / "run"):
+        with pytest.raises(checkpoint.RunLocked, match=f"in use by another run \\(pid {os.getpid()}\\); fix"):
+            with checkpoint.run_lock(tmp_path / "run"):
+                pass
+    with checkpoint.run_lock(tmp_path / "run"):                      # released when its holder let go
+        pass
+
+
+def test_bad_inputs_fail_in_one_line_before_anything_is_lost(tmp_path, capsys):
+    run = _Run()
+    mgr = checkpoint.CheckpointManager(tmp_path, every=1, keep=2, run={"id": "r"}).attach(run.net, run.opt)
+    _loop(mgr, run, 1, 1)
+    for field, kw in (("step", {"step": -1, "data_pos": 1}), ("data_pos", {"step": 2, "data_pos": 1.5})):
+        with pytest.raises(ValueError) as e:
+            mgr.write(loss=0.5, **kw)
+        assert str(e.value) == f"checkpoint.save: {field}={kw[field]!r} is invalid; fix: pass a non-negative integer"
+    assert _names(tmp_path) == ["step_000001.ckpt"] and mgr.pending is None
+    # another model size: refused in one line, before on_ready, with the metrics log and the checkpoint untouched
+    log = _csv(tmp_path / "m.csv", [1, 2])
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    other = nn.Dense(5, 3)
+    m2 = checkpoint.CheckpointManager(tmp_path, every=1, keep=2, run={"id": "r"})
+    m2.check_resume(3)
+    ready = []
+    with pytest.raises(checkpoint.CorruptCheckpoint) as e:
+        m2.attach(other, nn.Adam(other.trainable_params())).begin(True, 3, log, on_ready=lambda: ready.append(1))
+    assert "\n" not in str(e.value) and str(e.value).endswith("; fix: resume with the config that wrote it (same model)")
+    assert ready == [] and {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
