@@ -42,9 +42,6 @@ OFF_FAMILIES: dict[tuple[str, bool], str] = {
                         "4B, 7B and 32B rows are within 7 %",
     ("qwen2", False): "optimistic by 61 % on the 0.5B 32K-sequence model (hidden 896) and 19 % on the 1.5B: small "
                       "models run below what their FLOPs cost, and the fit has no width term",
-    ("qwen2-moe", True): "optimistic 2.1x at seq 32768 with 64 experts (top 8) and 8 shared, its EP group over 2 nodes "
-                         "and capacity padding (x1.1) priced: r1.3.0's MoE dispatch and expert kernels are not costed "
-                         "beyond their FLOPs and bytes",
     ("telechat", False): "the branches disagree: TeleChat-7B/12B are published at 1940/1433 (r1.1.0) and 3400/1996 "
                          "(r1.5.0); the r1.5.0 7B and 12B rows are within 2 %",
     ("yi", False): "one row: Yi-6B at r1.1.0 (+41 %, no hardware named); the two 34B rows are within 4 %",
@@ -98,7 +95,7 @@ def fit_calibration(data_dir: str | None = None, points: tuple | None = None) ->
     if not 1 <= len(pts) <= len(FIT_ORDER):
         raise ValueError(f"fit_calibration: points={len(pts)} rows; fix: pass 1 to {len(FIT_ORDER)} fit rows")
     names = FIT_ORDER[:len(pts)]
-    cfgs = [read_config(os.path.join(data_dir, p["file"])) for p in pts]
+    cfgs = [read_config(os.path.join(data_dir, p["file"]), release=release_of(p)) for p in pts]
     hws = [hardware(p["hw"]) for p in pts]
     lo, hi = [_BOUNDS[n][0] for n in names], [_BOUNDS[n][1] for n in names]
 
@@ -158,7 +155,7 @@ def calibration_table(data_dir: str | None = None, calib: Calibration = CALIBRAT
     data_dir = data_dir or fixture_dir()
     rows = []
     for p in published:
-        cfg = read_config(os.path.join(data_dir, p["file"]))
+        cfg = read_config(os.path.join(data_dir, p["file"]), release=release_of(p))     # priced as its branch runs it
         st = step_time(cfg, hardware(p["hw"]), calib)
         mem = memory_per_stage(cfg)
         pred = st["tokens_per_s_per_device"]

@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", default=None, help='per-device memory budget, e.g. "58GB" (default: max_device_memory)')
     ap.add_argument("--model-config", default=None, help="a Hugging Face config.json (or its folder) for the model keys "
                     "the YAML leaves to pretrained_model_dir")
+    ap.add_argument("--release", default=None, help="the mindformers release the file runs on, e.g. r1.3.0 (where its "
+                    "code prices the file differently; default: the newest)")
     ap.add_argument("--log", default=None, help="a mindformers training log or the cookbook's metrics.csv of this run")
     ap.add_argument("--refit", action="store_true", help="with --log: re-fit the compute efficiency on that run")
     ap.add_argument("--out", default=None)
@@ -131,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         a = ap.parse_args(argv)
         if a.refit and not a.log:
             raise DoctorError("--refit", True, "give --log FILE (the run to re-fit on)")
-        r = diagnose(a.config, a.hardware, a.devices, a.budget, search=not a.no_search, model_config=a.model_config)
+        r = diagnose(a.config, a.hardware, a.devices, a.budget, search=not a.no_search, model_config=a.model_config,
+                     release=a.release)
         if a.log:
             r["log"] = measured_run(r, a.log, refit=a.refit)
         text = render_text(r)

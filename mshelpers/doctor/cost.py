@@ -273,7 +273,11 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
         e = 0.0
         moe_layers = [j for j in ids[i] if m.moe is not None and m.moe.is_moe_layer(j)]
         if moe_layers and spans["EP"]["size"] > 1:
-            local = tokens_micro / (lay.tp if lay.seq_parallel else 1)
+            # under sequence parallel, r1.5.0+ MoEV2 routes each tp rank's own sequence shard (r1.5.0
+            # modules/transformer/moe.py l.696 router over dp x mp, l.755 _ffn_forward_sq); r1.2.0-r1.3.x MoEV2
+            # reshapes to (data_parallel, -1, h) and gathers over dp only (r1.3.0 moe.py l.647, l.751,
+            # TopkRouterV2.dispatch_gather l.1152 shard ((dp, 1, 1), (dp, 1, 1))): every tp rank sends the whole slice
+            local = tokens_micro / (lay.tp if lay.seq_parallel and m.moe.sp_dispatch else 1)
             buffer = local * m.moe.slots() * m.hidden * 2                   # every slot is sent, filled or not
             n_a2a = 4 * len(moe_layers) + 2 * sum(1 for j in moe_layers if j - ids[i][0] < n_full)
             e = n_a2a * (topology.all_to_all_time(hw, spans["EP"], buffer) * f_comm + ep_lat)

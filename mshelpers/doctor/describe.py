@@ -44,6 +44,10 @@ class MoE:
     first_dense: int = 0            # the first k layers are dense (DeepSeek's first_k_dense_replace)
     every: int = 1                  # one MoE layer every `every` layers after the dense ones (moe_layer_freq)
     capacity_factor: float = 0.0    # r1.x moe_config.capacity_factor; <= 0: dropless (mcore's default, None)
+    sp_dispatch: bool = True        # under sequence parallel each tp rank routes and sends only its own sequence
+                                    # shard (r1.x MoEV2 from r1.5.0 on: _ffn_forward_sq, router over dp x mp).
+                                    # False: r1.2.0-r1.3.x MoEV2 routes the whole dp slice on every tp rank and
+                                    # each of them sends all of it (read_config(release=...) sets it)
 
     def is_moe_layer(self, i: int) -> bool:
         return i >= self.first_dense and (i - self.first_dense) % self.every == 0
@@ -182,6 +186,7 @@ class Config:
     raw: dict = field(default_factory=dict, compare=False, repr=False)
     notes: tuple = ()               # what the reader assumed (a derived dp, a merged config.json, ...)
     model_config: Any = field(default=None, compare=False, repr=False)   # the config.json merged, if any
+    release: tuple = ()             # the mindformers release the file runs on, when given (read_config(release=))
 
     # the flat names of the single-dataclass doctor, kept for code written against it
     def __getattr__(self, name: str) -> Any:

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+from dataclasses import replace
 from typing import Any
 
 from .describe import Config, DoctorError, Layout, MoE, Model
@@ -531,9 +532,49 @@ def load_yaml(path_or_dict: Any) -> dict:
     return d
 
 
+def parse_release(release: Any) -> tuple:
+    """A mindformers release as a tuple of ints: "r1.3.0", "1.3.0", (1, 3, 0); None or "" -> ()."""
+    if release is None or release == "" or release == ():
+        return ()
+    if isinstance(release, tuple) and release and all(_is_int(v) and not isinstance(v, bool) and 0 <= v < 1000
+                                                      for v in release):
+        return tuple(int(v) for v in release)
+    text = str(release).strip()
+    text = text[1:] if text[:1] in ("r", "v") else text
+    if isinstance(release, str) and re.fullmatch(r"\d{1,3}(\.\d{1,3}){0,3}", text):
+        return tuple(int(v) for v in text.split("."))
+    raise DoctorError("--release", release, "a mindformers release such as r1.3.0 (the branch the file runs on)")
+
+
+def _at_release(cfg: Config, release: tuple) -> Config:
+    """The file priced as the given mindformers release runs it. r1.x MoEV2 before r1.5.0 has no sequence-parallel
+    dispatch (mindformers r1.3.0 modules/transformer/moe.py: MoEV2.construct reshapes to (data_parallel, -1, h),
+    TopkRouterV2.dispatch_gather is sharded ((dp, 1, 1), (dp, 1, 1)); _ffn_forward_sq arrives with r1.5.0), so
+    every tp rank routes and sends its whole dp slice."""
+    if not release:
+        return cfg
+    cfg = replace(cfg, release=release)
+    moe = cfg.model.moe
+    if cfg.dialect == "r1.x" and moe is not None and release < (1, 5):
+        notes = cfg.notes
+        if cfg.layout.seq_parallel and cfg.layout.tp > 1:
+            notes += (f"mindformers r{'.'.join(map(str, release))}: MoEV2 routes the whole dp slice on each of the "
+                      f"{cfg.layout.tp} tp ranks (no sequence-parallel dispatch before r1.5.0, "
+                      "modules/transformer/moe.py), so each sends all of it in the all-to-all",)
+        cfg = replace(cfg, model=replace(cfg.model, moe=replace(moe, sp_dispatch=False)), notes=notes)
+    return cfg
+
+
 def read_config(path_or_dict: Any, budget: Any = None, *, model_config: Any = None,
-                devices: int | None = None) -> Config:
-    """Read a mindformers training file (path or parsed dict) in any dialect into a `Config`."""
+                devices: int | None = None, release: Any = None) -> Config:
+    """Read a mindformers training file (path or parsed dict) in any dialect into a `Config`. `release`
+    ("r1.3.0"): the mindformers release the file runs on, where its code prices the file differently (r1.x MoE
+    before r1.5.0: see `_at_release`); None prices it as the newest release does."""
+    rel = parse_release(release)
+    return _at_release(_read_config(path_or_dict, budget, model_config, devices), rel)
+
+
+def _read_config(path_or_dict: Any, budget: Any, model_config: Any, devices: int | None) -> Config:
     d = load_yaml(path_or_dict)
     if str(d.get("run_mode", "train")) not in ("train", "finetune"):
         raise DoctorError("run_mode", d.get("run_mode"), "pass a training config (run_mode: 'train' or 'finetune')")
@@ -559,4 +600,5 @@ def read_config(path_or_dict: Any, budget: Any = None, *, model_config: Any = No
 def with_layout(cfg: Config, **kw) -> Config:
     """A variant the slow way: the file edited in its own dialect (edited_yaml) and read again. The search
     uses variants.layout_variant, which tests/doctor/test_search.py checks prices exactly like this."""
-    return read_config(edited_yaml(cfg, **kw), budget=cfg.budget_bytes, model_config=cfg.model_config)
+    return read_config(edited_yaml(cfg, **kw), budget=cfg.budget_bytes, model_config=cfg.model_config,
+                       release=cfg.release)

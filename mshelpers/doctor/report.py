@@ -16,12 +16,13 @@ from .search import as_shipped_limit, better_layouts, smallest_fitting_scale
 
 def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: int | None = None,
              budget: Any = None, calib: Calibration = CALIBRATION, search: bool = True,
-             model_config: Any = None) -> dict[str, Any]:
-    """Everything the CLI prints, as a dict: config, memory, step terms, MFU, layouts, verdict."""
+             model_config: Any = None, release: Any = None) -> dict[str, Any]:
+    """Everything the CLI prints, as a dict: config, memory, step terms, MFU, layouts, verdict. `release`: the
+    mindformers release the file runs on (read_config's), None for the newest."""
     hw = hardware(hardware_name)
     if devices is not None and (not isinstance(devices, int) or isinstance(devices, bool) or devices <= 0):
         raise DoctorError("--devices", devices, "a positive integer")
-    cfg = read_config(path_or_dict, budget=budget, model_config=model_config, devices=devices)
+    cfg = read_config(path_or_dict, budget=budget, model_config=model_config, devices=devices, release=release)
     if devices is not None:
         if not isinstance(devices, int) or devices <= 0:
             raise DoctorError("--devices", devices, "a positive integer")

@@ -117,6 +117,35 @@ def test_a_bad_capacity_factor_is_one_line_naming_it(bad):
         D.read_config(d)
 
 
+def test_r1x_moe_before_r1_5_sends_the_whole_dp_slice_from_every_tp_rank():
+    """mindformers r1.3.0 MoEV2 routes (data_parallel, -1, h) and gathers over dp only: under sequence parallel
+    each of the tp ranks sends the whole slice (no _ffn_forward_sq before r1.5.0). Qwen2-57B-A14B (tp 4, sp) is
+    priced so on its own branch; the newest release, dense files and files without sp are priced alike."""
+    import dataclasses
+    hw = D.hardware("atlas-900-a2-podc")
+    q = DATA / "r1.3.0_finetune_qwen2_57b.yaml"
+    new, old = D.read_config(q), D.read_config(q, release="r1.3.0")
+    assert new.model.moe.sp_dispatch and not old.model.moe.sp_dispatch and old.release == (1, 3, 0)
+    assert any("no sequence-parallel dispatch before r1.5.0" in n for n in old.notes)
+    a, b = D.step_time(new, hw), D.step_time(old, hw)
+    assert b["ep_s"] == pytest.approx(4 * a["ep_s"], rel=1e-3) and b["compute_s"] == a["compute_s"]   # latency apart
+    assert D.read_config(q, release=(1, 5, 0)).model == new.model
+    assert D.step_time(D.with_layout(old, data_parallel=4), hw)["ep_s"] == pytest.approx(b["ep_s"])
+    # without sequence parallel nothing was split: the release changes nothing
+    nosp = dataclasses.replace(old, layout=dataclasses.replace(old.layout, seq_parallel=False))
+    assert D.step_time(nosp, hw)["ep_s"] == pytest.approx(b["ep_s"])
+    ds = DATA / "r1.3.0_finetune_deepseek2_236B.yaml"                          # use_seq_parallel: False
+    assert D.step_time(D.read_config(ds, release="r1.3.0"), hw)["step_s"] == D.step_time(D.read_config(ds), hw)["step_s"]
+    dense = DATA / "r1.2.0_pretrain_llama2_7b.yaml"
+    assert D.read_config(dense, release="r1.2.0").model == D.read_config(dense).model
+    # the CLI and the API say the same with --release
+    r = D.diagnose(str(q), "atlas-900-a2-podc", search=False, release="r1.3.0")
+    assert r["step"]["step_s"] == b["step_s"]
+    for bad in ("one.three", "r1.x", 1.3, [1, 3]):
+        with pytest.raises(D.DoctorError, match="release"):
+            D.read_config(q, release=bad)
+
+
 def test_vpp_shrinks_the_bubble_and_context_parallel_adds_its_traffic():
     hw = D.hardware("atlas-800t-a2")
     c = D.read_config(W / "telechat3/pretrain_telechat3_36b.yaml")
