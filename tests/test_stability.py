@@ -292,3 +292,125 @@ def test_rollback_restores_weights_moments_and_step_counter_inside_the_compiled_
     assert all(np.array_equal(a, p.asnumpy()) for a, p in zip(before, guard.params))
     step(ms.Tensor(next(batches), ms.int32))          # the compiled step must see the restored buffers
     assert int(opt.global_step.asnumpy()[0]) == 2
+
+
+# ---------------------------------------------------------------- the guard's parts, in-process (fast; mutmut runs these)
+def _guard_parts(window=5, threshold=6.0, scaler="dynamic"):
+    import mindspore as ms
+    import numpy as np
+    from types import SimpleNamespace
+    from mindspore import amp, nn
+    from mshelpers.stability import SpikeGuard
+    ms.set_seed(0)
+    net = nn.Dense(4, 3)
+    opt = nn.Adam(net.trainable_params(), 0.1)
+    sc = {"dynamic": amp.DynamicLossScaler(1024.0, 2, 50), "static": amp.StaticLossScaler(8.0), None: None}[scaler]
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), opt)
+    x, y = ms.Tensor(np.ones((2, 4), np.float32)), ms.Tensor(np.zeros((2, 3), np.float32))
+    guard = SpikeGuard(SimpleNamespace(spike_window=window, spike_threshold=threshold), net, opt, sc)
+    return guard, net, opt, sc, lambda: float(step(x, y).asnumpy())
+
+
+def test_the_guard_holds_every_parameter_once_and_the_scalers_state():
+    guard, net, opt, sc, _ = _guard_parts(window=5, threshold=4.0)
+    names = [p.name for p in net.get_parameters()]
+    names += [p.name for p in opt.get_parameters() if p.name not in names]
+    assert [p.name for p in guard.params[:-2]] == names and len(names) == len(set(names))
+    assert guard.params[-2] is sc.scale_value and guard.params[-1] is sc.counter
+    assert all(a is b for a, b in zip(guard.params, list(net.get_parameters())))   # the net's own Parameters
+    assert (guard.detector.window, guard.detector.threshold, guard.detector.warmup) == (5, 4.0, 5)
+    assert guard.saved == [] and guard.events == []
+    assert _guard_parts(window=30)[0].detector.warmup == 10                       # min(10, window)
+    static, _, _, ssc, _ = _guard_parts(scaler="static")
+    assert static.params[-1] is ssc.scale_value and all(p.name != "counter" for p in static.params)
+    plain = _guard_parts(scaler=None)[0]
+    assert len(plain.params) == len(names)
+
+
+def test_roll_back_restores_the_snapshot_records_the_event_and_says_so(capsys):
+    import numpy as np
+    guard, net, opt, sc, step = _guard_parts()
+    step()
+    guard.snapshot()
+    before = [p.asnumpy().copy() for p in guard.params]
+    assert all(np.array_equal(a, b) for a, b in zip(guard.saved, before))
+    sc.scale_value.set_data(sc.scale_value * 2)
+    step()
+    assert not np.array_equal(net.weight.asnumpy(), before[0])
+    assert not np.array_equal(guard.saved[0], net.weight.asnumpy())             # the snapshot is a copy
+    for _ in range(5):
+        guard.is_spike(1.0, 1.0)
+    assert guard.is_spike(1.0, float("nan")) is True                            # the grad norm reaches the detector
+    guard.roll_back(7, 9.5, float("nan"), skipped=6)
+    assert all(np.array_equal(a, p.asnumpy()) for a, p in zip(before, guard.params))
+    assert guard.events == [{"step": 7, "loss": 9.5, "grad_norm": guard.events[0]["grad_norm"],
+                             "trigger": "non-finite: loss 1.0, grad norm nan", "skipped_data_pos": 6}]
+    assert capsys.readouterr().out == ("rolled back step 7: non-finite: loss 1.0, grad norm nan; skipped data "
+                                       "position 6; redoing step 7 on the next batch\n")
+
+
+def test_a_spike_storm_of_5_in_50_steps_stops_the_run_and_names_them():
+    from mshelpers.stability import SpikeGuard, SpikeStorm
+    guard, *_ = _guard_parts()
+    guard.snapshot()
+    assert (SpikeGuard.MAX_ROLLBACKS, SpikeGuard.WITHIN) == (5, 50)
+    for step in (10, 20, 30, 40, 60):          # at step 60 the window is steps 11..60: step 10 left it, 4 remain
+        guard.roll_back(step, 5.0, 1.0, skipped=step + 100)
+    with pytest.raises(SpikeStorm) as e:
+        guard.roll_back(61, 5.0, 1.0, skipped=161)
+    assert str(e.value) == ("spike guard: 5 rollbacks within 50 steps (steps [20, 30, 40, 60, 61], skipped data "
+                            "positions [120, 130, 140, 160, 161]); fix: lower lr or inspect those batches rather "
+                            "than skipping more")
+    assert len(guard.events) == 6
+
+
+def test_the_guard_state_is_saved_beside_its_checkpoint_and_loaded_in_place(tmp_path):
+    import json
+    guard, *_ = _guard_parts(window=4)
+    for v in (3.0, 3.1, 2.9, 3.0, 3.05):
+        guard.is_spike(v, 1.0)
+    guard.events.append({"step": 3, "skipped_data_pos": 2})
+    assert json.loads(guard.state()) == {"detector": guard.detector.state_dict(), "events": guard.events}
+    for n in (2, 3):
+        (tmp_path / f"step_00000{n}.ckpt").write_bytes(b"x")
+    (tmp_path / "step_000001.guard.json").write_text("{}")                    # its checkpoint was pruned
+    (tmp_path / "step_000003.guard.json").write_text("{}")                    # its checkpoint is there
+    (tmp_path / "notes.guard.json").write_text("{}")                          # not a sidecar
+    guard.save(tmp_path / "step_000002.ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "notes.guard.json", "step_000002.ckpt", "step_000002.guard.json", "step_000003.ckpt", "step_000003.guard.json"]
+    assert (tmp_path / "step_000002.guard.json").read_text() == guard.state()
+    guard.save(str(tmp_path / "step_000003.ckpt"), state='{"given": 1}')
+    assert (tmp_path / "step_000003.guard.json").read_text() == '{"given": 1}'
+    other, *_ = _guard_parts(window=4)
+    events = other.events
+    other.load(tmp_path / "step_000002.ckpt")
+    assert other.events is events and events == guard.events                  # in place: History holds this list
+    assert other.detector.state_dict() == guard.detector.state_dict()
+    other.load(str(tmp_path / "step_000009.ckpt"))                            # no sidecar: nothing changes
+    assert other.events == guard.events and other.detector.state_dict() == guard.detector.state_dict()
+    (tmp_path / "step_000004.guard.json").mkdir()                             # a write that cannot land
+    with pytest.raises(OSError):
+        guard.save(tmp_path / "step_000004.ckpt")
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_the_guards_line_is_flushed_at_once(monkeypatch):
+    """A run killed right after a rollback still shows it: the line leaves the buffer when printed."""
+    import io
+    import sys
+    guard, *_ = _guard_parts()
+    guard.snapshot()
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))   # buffered, as a pipe is
+    guard.roll_back(3, 5.0, 1.0, skipped=2)
+    assert raw.getvalue().startswith(b"rolled back step 3: ")
+
+
+def test_a_stale_sidecar_another_cleaner_removed_first_is_no_error(tmp_path, monkeypatch):
+    guard, *_ = _guard_parts()
+    (tmp_path / "step_000002.ckpt").write_bytes(b"x")
+    gone = tmp_path / "step_000001.guard.json"                          # listed, then deleted by someone else
+    monkeypatch.setattr(type(tmp_path), "glob", lambda self, pattern: iter([gone]))
+    guard.save(tmp_path / "step_000002.ckpt")
+    assert (tmp_path / "step_000002.guard.json").read_text() == guard.state()
