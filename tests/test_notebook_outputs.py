@@ -275,3 +275,19 @@ def test_readme_figures_are_the_committed_runs(tmp_path):
     bare = tmp_path / "bare.md"
     bare.write_text("no block\n")
     assert not readme_figures.write(bare) and bare.read_text() == "no block\n"
+
+
+def test_busy_neighbour_sorts_verdicts_against_the_committed_run():
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import busy_neighbour
+    committed = busy_neighbour.committed_verdicts()
+    per = timing_verdicts(run_stamps())
+    assert len(committed) == len({(v["base"], v["cand"]) for vs in per.values() for v in vs})   # every comparison
+    c = {("a", "b"): "win", ("a", "c"): "within noise"}
+    res = busy_neighbour.compare([{"base": "a", "cand": "b", "verdict": "win"},
+                                  {"base": "a", "cand": "c", "verdict": "too noisy"},
+                                  {"base": "a", "cand": "c", "verdict": "regression", "expected": "undecided"},
+                                  {"base": "x", "cand": "y", "verdict": "win"}], c)
+    assert (res["verdicts"], res["as committed"], res["too noisy"]) == (4, 1, 1)
+    assert res["decided otherwise"] == [(("a", "c"), "within noise", "regression", "undecided")]
+    assert res["not in the committed run"] == [(("x", "y"), "win")]
