@@ -2,6 +2,7 @@
 13B tuning case in the guide's order, the CLI's --json line, one-line errors with exit code 2, and the
 improved YAML loaded back by mindformers' own classes."""
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -48,6 +49,15 @@ def test_error_on_published_figures_not_used_for_fitting(table):
 def test_families_off_target_are_exactly_those_with_a_stated_reason(table):
     """A family that starts or stops missing the targets must have its reason added or removed."""
     assert D.off_families(table) == set(D.OFF_FAMILIES), D.family_summary(table)
+
+
+def test_each_family_off_target_from_r1_2_0_cites_its_figures(table):
+    """Issue 49: a family that misses from r1.2.0 on says which published figure stands against which, with the
+    branch, file and line of each."""
+    for fam in D.off_families(table, since=(1, 2)):
+        why = D.OFF_FAMILIES[fam]
+        assert re.search(r"r1\.\d", why) and re.search(r"\.md l\.\d+", why), (fam, why)
+        assert len(re.findall(r"\b\d{3,5}\b", why)) >= 2, (fam, why)      # at least two published figures
 
 
 def test_release_of_reads_the_branch_off_the_file_name():
