@@ -35,6 +35,12 @@ def test_peaks_in_parallel_need_a_positive_integer(parallel):
 
 
 
+def test_peaks_in_parallel_accept_one_at_a_time():
+    assert memory_probe.measure_peaks(memory_probe.allocate_bytes, [], parallel=1) == []     # nothing to spawn
+    assert memory_probe.measure_peaks(memory_probe.allocate_bytes, []) == []
+
+
+
 def test_allocate_bytes_touches_what_it_is_asked_and_holds():
     import time
     t0 = time.perf_counter()
@@ -98,14 +104,17 @@ def test_a_peak_in_a_fresh_process_reports_every_field():
 
 
 
-def test_train_for_peak_runs_the_config_and_returns_its_summary():
+def test_train_for_peak_runs_the_config_and_returns_its_summary(capsys):
     from mshelpers.config import build_dir
     from mshelpers.table import read_csv
     cfg = RunConfig.preset("tiny").replace(mode="pynative", name="tfp")
-    s = memory_probe.train_for_peak(cfg, 2)
-    assert s["steps"] == 2 and s["run"] == "tfp" and s["mode"] == "pynative" and s["final_loss"] > 0
     csv = build_dir("memory") / f"tfp-pynative-b{cfg.batch_size}-s{cfg.seq_len}-none-acc1.csv"
-    assert [r["step"] for r in read_csv(csv)][-2:] == [1, 2]
+    csv.unlink(missing_ok=True)                                     # a file left by an earlier run proves nothing
+    s = memory_probe.train_for_peak(cfg, peak_flops=1.0)             # 5 steps by default
+    assert s["steps"] == 5 and s["run"] == "tfp" and s["mode"] == "pynative" and s["final_loss"] > 0
+    assert s["mfu"] > 1e3                                           # measured against the given 1 FLOP/s
+    assert [r["step"] for r in read_csv(csv)] == [1, 2, 3, 4, 5]
+    assert "tfp pynative" not in capsys.readouterr().out            # no progress bar
 
 
 
@@ -164,3 +173,42 @@ def test_pool_peak_reads_the_pool_a_fresh_mindspore_process_logged_and_it_grows_
     assert peaks[16]["peak_used"] > 2 * peaks[2]["peak_used"]      # activations: 8x the batch
     with pytest.raises(FileNotFoundError, match="pool_log_env"):
         memory_probe.pool_peak(tmp_path / "empty")
+
+
+def _status_bytes():
+    """VmRSS and VmHWM of this process in bytes, read from /proc as the child body reads them."""
+    got = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                got[line.split(":")[0]] = int(line.split()[1]) * 1024
+    return got
+
+
+def test_the_child_body_reads_the_baseline_and_the_peak_in_bytes_and_passes_keyword_arguments():
+    out = memory_probe._peak_child(_status_bytes, (), {}, ())
+    seen = out["value"]                                   # read by fn, right after the baseline and before the peak
+    assert abs(out["baseline"] - seen["VmRSS"]) < 16 * 2**20          # the same reading, KiB -> bytes exactly
+    assert seen["VmHWM"] <= out["peak_rss"] < seen["VmHWM"] + 16 * 2**20
+    assert out["baseline"] % 1024 == 0 and out["peak_rss"] % 1024 == 0
+    assert memory_probe._peak_child(dict, (), {"a": 1, "b": 2}, ())["value"] == {"a": 1, "b": 2}
+
+
+@pytest.mark.parametrize("target, want", [("Ascend", 123), ("GPU", 123), ("CPU", 0)])
+def test_the_child_body_reads_the_device_pool_only_on_ascend_or_gpu(monkeypatch, target, want):
+    """On this CPU machine the target is CPU; the Ascend/GPU branch is checked with the target it would report."""
+    import mindspore as ms
+    monkeypatch.setattr(ms, "get_context", lambda key: {"device_target": target}[key])
+    monkeypatch.setattr(ms.runtime, "max_memory_allocated", lambda: 123.0)
+    assert memory_probe._peak_child(int, (), {}, ())["device_peak"] == want
+
+
+def test_pool_peak_reads_the_last_pool_line_of_any_log_file_whatever_its_bytes(tmp_path):
+    line = "[INFO] PRE_ACT DumpDynamicMemPoolStateInfo] total allocated mem:{}M, peak used mem:{}M, " \
+           "in used mem:0M, actual peak used mem:{}M"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "log.1").write_bytes(line.format(1, 1, 1).encode() + b"\n\xff\xfe not utf-8\n")
+    (tmp_path / "a" / "log.2").write_bytes(b"\xff" + line.format(64, 10, 12).encode() + b"\nother\n")
+    assert memory_probe.pool_peak(tmp_path) == {"allocated": 64 * 2**20, "peak_used": 10 * 2**20,
+                                               "actual_peak": 12 * 2**20}
+    assert memory_probe.pool_log_env(tmp_path) == {"GLOG_v": "1", "GLOG_logtostderr": "0", "GLOG_log_dir": str(tmp_path)}
