@@ -218,3 +218,12 @@ def test_float16_rsqrt_backward_overflows_at_the_embedding_scale():
     g16 = float(ms.grad(ops.rsqrt)(ms.Tensor(np.float16(4e-4))).asnumpy())
     g32 = float(ms.grad(ops.rsqrt)(ms.Tensor(np.float32(4e-4))).asnumpy())
     assert not np.isfinite(g16) and np.isfinite(g32)
+
+
+def test_dtype_report_counts_parameter_elements_not_tensors():
+    net = SmallNet()
+    for p in net.head.get_parameters():          # head: 16 x 1 weight + 1 bias = 17 of the 433 elements
+        p.set_dtype(ms.float16)
+    rep = dtype_report(net)
+    # embed 8*16 + 16 = 144, hidden 16*16 + 16 = 272, head 17: per tensor it would be 4 float32 against 2 float16
+    assert dict(rep.param_elements) == {"float32": 416, "float16": 17}
