@@ -208,7 +208,34 @@ def test_pool_peak_reads_the_last_pool_line_of_any_log_file_whatever_its_bytes(t
            "in used mem:0M, actual peak used mem:{}M"
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "log.1").write_bytes(line.format(1, 1, 1).encode() + b"\n\xff\xfe not utf-8\n")
-    (tmp_path / "a" / "log.2").write_bytes(b"\xff" + line.format(64, 10, 12).encode() + b"\nother\n")
+    (tmp_path / "a" / "log.2").write_bytes(b"\xff" + line.format(2, 2, 2).encode() + b"\n"
+                                           + line.format(64, 10, 12).encode() + b"\nother\n")
     assert memory_probe.pool_peak(tmp_path) == {"allocated": 64 * 2**20, "peak_used": 10 * 2**20,
-                                               "actual_peak": 12 * 2**20}
+                                               "actual_peak": 12 * 2**20}          # the last line logged
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError) as e:
+        memory_probe.pool_peak(tmp_path / "empty")
+    assert str(e.value) == (f"pool_peak: no DumpDynamicMemPoolStateInfo line under {tmp_path / 'empty'}; fix: run "
+                            "the process with env=pool_log_env(log_dir) and let it exit")
     assert memory_probe.pool_log_env(tmp_path) == {"GLOG_v": "1", "GLOG_logtostderr": "0", "GLOG_log_dir": str(tmp_path)}
+
+
+_TOP_LAMBDA = lambda: 1   # noqa: E731 - a lambda at module level: no "<locals>" in its name, still refused
+
+
+def test_a_lambda_or_a_main_callable_is_refused_with_the_exact_fix():
+    fix = ("cannot be imported by a fresh process (defined in a notebook, a script's __main__, a lambda or a "
+           "closure); fix: define it at the top level of a .py module and import it")
+    with pytest.raises(ValueError) as e:
+        measure_peak(_TOP_LAMBDA)
+    assert str(e.value) == f"measure_peak: fn='<lambda>' {fix}"
+    main = type("F", (), {"__call__": lambda self: 1, "__module__": "__main__", "__repr__": lambda self: "F()"})()
+    with pytest.raises(ValueError) as e:
+        measure_peak(main)                                          # no __qualname__: its repr names it
+    assert str(e.value) == f"measure_peak: fn=F() {fix}"
+
+
+def test_a_callable_without_a_qualname_runs_and_the_child_is_quiet_by_default(capfd):
+    import functools
+    r = memory_probe.measure_peak(functools.partial(print, "said-in-the-child"))
+    assert r.value is None and "said-in-the-child" not in capfd.readouterr().out
