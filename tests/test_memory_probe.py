@@ -239,3 +239,14 @@ def test_a_callable_without_a_qualname_runs_and_the_child_is_quiet_by_default(ca
     import functools
     r = memory_probe.measure_peak(functools.partial(print, "said-in-the-child"))
     assert r.value is None and "said-in-the-child" not in capfd.readouterr().out
+
+
+def test_a_failed_child_names_the_caller_and_the_function():
+    import functools
+    with pytest.raises(RuntimeError) as e:
+        memory_probe.measure_peak(memory_probe.allocate_bytes, -1)       # bytearray(-1) raises in the child
+    assert str(e.value).startswith("measure_peak: allocate_bytes failed in the child: ")
+    no_name = functools.partial(memory_probe.allocate_bytes, -1)           # no __name__: its repr names it
+    with pytest.raises(RuntimeError) as e:
+        memory_probe.measure_peak(no_name)
+    assert str(e.value).startswith(f"measure_peak: {no_name!r} failed in the child: ")
