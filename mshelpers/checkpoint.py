@@ -427,6 +427,10 @@ class CheckpointManager:
 
     def __init__(self, folder: str | os.PathLike | None, *, every: int = 0, keep: int = 3,
                  run: dict | None = None) -> None:
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ValueError(f"CheckpointManager: keep={keep!r} is invalid; fix: keep at least 1 checkpoint")
+        if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+            raise ValueError(f"CheckpointManager: every={every!r} is invalid; fix: 0 (never) or a step count >= 1")
         self.folder = Path(folder) if folder is not None else None
         self.every, self.keep, self.run = every, keep, run
         self.run_id = (run or {}).get("id")
@@ -555,8 +559,13 @@ class CheckpointManager:
 
     def preempted(self, step: int, data_pos: int, loss: float | None, stop) -> Preempted:
         """`stop` (a train_cli.StopSignal) fired after `step`: save, and return the error that says where."""
+        before = self.last
         saved = self.save_now(step, data_pos, loss)
-        where = f"saved {saved} (step {step})" if saved and step >= self.start else \
-            f"no step completed in this process; newest checkpoint: {saved or 'none'}"
+        if saved and step >= self.start and (saved != before or f"step_{step:06d}" in saved.name):
+            where = f"saved {saved} (step {step})"
+        elif step >= self.start and self.folder is not None:   # this step's state was not saved (non-finite weights)
+            where = f"step {step} was not saved (non-finite weights); newest checkpoint: {self.newest_finite()}"
+        else:
+            where = f"no step completed in this process; newest checkpoint: {saved or 'none'}"
         return Preempted(f"{stop.name} after step {step}: {where}; fix: rerun with --resume to continue",
                          stop.signo)

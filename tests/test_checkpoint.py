@@ -894,3 +894,23 @@ def test_bad_inputs_fail_in_one_line_before_anything_is_lost(tmp_path, capsys):
         m2.attach(other, nn.Adam(other.trainable_params())).begin(True, 3, log, on_ready=lambda: ready.append(1))
     assert "\n" not in str(e.value) and str(e.value).endswith("; fix: resume with the config that wrote it (same model)")
     assert ready == [] and {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("kw", [{"keep": 0}, {"keep": -1}, {"keep": 2.0}, {"keep": True}, {"every": -1},
+                                {"every": "5"}])
+def test_manager_refuses_a_bad_keep_or_every_before_anything_is_written(kw, tmp_path):
+    with pytest.raises(ValueError, match=f"CheckpointManager: {next(iter(kw))}=.*fix"):
+        checkpoint.CheckpointManager(tmp_path, **kw)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stop_with_non_finite_weights_names_the_older_checkpoint_it_kept(tmp_path):
+    run = _Run()
+    mgr = checkpoint.CheckpointManager(tmp_path).attach(run.net, run.opt)
+    mgr.check_resume(5)
+    mgr.begin(False, 5, _csv(tmp_path / "m.csv", []))
+    first = mgr.save_now(1, 1, run.step())
+    run.net.weight.set_data(ms.Tensor(np.full((3, 4), np.nan, np.float32)))
+    err = str(mgr.preempted(2, 2, 0.5, _stopped(signal.SIGTERM)))
+    assert err.startswith(f"SIGTERM after step 2: step 2 was not saved (non-finite weights); newest checkpoint: "
+                          f"{first} (step 1); fix"), err
