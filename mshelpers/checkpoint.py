@@ -559,9 +559,9 @@ class CheckpointManager:
 
     def preempted(self, step: int, data_pos: int, loss: float | None, stop) -> Preempted:
         """`stop` (a train_cli.StopSignal) fired after `step`: save, and return the error that says where."""
-        before = self.last
         saved = self.save_now(step, data_pos, loss)
-        if saved and step >= self.start and (saved != before or f"step_{step:06d}" in saved.name):
+        # save_now names every file it writes step_<step>; anything else is an older one it kept
+        if saved and step >= self.start and saved.name.startswith(f"step_{step:06d}"):
             where = f"saved {saved} (step {step})"
         elif step >= self.start and self.folder is not None:   # this step's state was not saved (non-finite weights)
             where = f"step {step} was not saved (non-finite weights); newest checkpoint: {self.newest_finite()}"
