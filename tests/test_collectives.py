@@ -4,8 +4,6 @@ last test runs a real 2-rank measurement under msrun (~30 s).
 """
 from __future__ import annotations
 
-import doctest
-import math
 
 import numpy as np
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from mshelpers import collectives
 from mshelpers.collectives import AlphaBetaFit, collective_time, fit_alpha_beta
 from mshelpers.hardware import Hardware
+from _checks import module_doctests, positive_count_line, refused
 
 MODULE = collectives
 
@@ -22,26 +21,9 @@ def _rows(alpha, beta, sizes, op="all_reduce", noise=()):
     return [{"op": op, "bytes": b, "seconds": (alpha + b / beta) * k, "ranks": 2} for b, k in zip(sizes, noise)]
 
 
-def _refused(f, *args, **kw) -> str:
-    """The one line f refuses these arguments with."""
-    with pytest.raises(ValueError) as e:
-        f(*args, **kw)
-    return str(e.value)
-
-
-def _line(fn, name, v):
-    tail = " (a count has no fraction)" if isinstance(v, float) and math.isfinite(v) else ""
-    return f"{fn}: {name}={v!r} is invalid; fix: pass a positive integer{tail}"
-
-
 def test_doctests():
-    # the module's own examples only: under `make mutate` the module also holds mutmut's copy of every function
-    # (x_name__mutmut_N), docstrings included, which multiplied the examples ~80x and each mutant's run with them
-    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
-    for t in finder.find(collectives):
-        if "__mutmut_" not in t.name:
-            runner.run(t)
-    assert runner.tries >= 13 and runner.failures == 0
+    tries, failures = module_doctests(collectives)
+    assert tries >= 13 and failures == 0
 
 
 # ---------------------------------------------------------------- bytes each rank sends
@@ -60,7 +42,7 @@ def test_every_count_is_refused_by_one_line_naming_the_function_and_the_argument
             continue
         got = list(args)
         got[i] = bad
-        assert _refused(getattr(MODULE, fn), *got) == _line(fn, name, bad)
+        assert refused(getattr(MODULE, fn), *got) == positive_count_line(fn, name, bad)
 
 
 def test_counts_accept_integral_floats_and_numpy_integers():
@@ -309,9 +291,7 @@ _REFUSALS = {
 @pytest.mark.parametrize("case", sorted(_REFUSALS))
 def test_every_refusal_is_one_exact_line(case):
     call, line = _REFUSALS[case]
-    with pytest.raises(ValueError) as e:
-        call()
-    assert str(e.value) == line
+    assert refused(call) == line
 
 
 def test_the_edges_the_refusals_leave_open():

@@ -4,13 +4,13 @@ hand-made profile priced at its own figures.
 """
 from __future__ import annotations
 
-import doctest
 
 import pytest
 
 from mshelpers import hardware
 from mshelpers.collectives import AlphaBetaFit, collective_time, fit_alpha_beta
 from mshelpers.hardware import REFERENCE_HARDWARE, Hardware
+from _checks import module_doctests
 
 
 def _rows(alpha, beta, sizes, op="all_reduce", noise=()):
@@ -27,13 +27,8 @@ def _fit(op="all_reduce", ranks=2):
 
 
 def test_doctests():
-    # the module's own examples only: under `make mutate` the module also holds mutmut's copy of every function
-    # (x_name__mutmut_N), docstrings included, which multiplied the examples ~80x and each mutant's run with them
-    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
-    for t in finder.find(hardware):
-        if "__mutmut_" not in t.name:
-            runner.run(t)
-    assert runner.tries >= 3 and runner.failures == 0
+    tries, failures = module_doctests(hardware)
+    assert tries >= 3 and failures == 0
 
 
 # ---------------------------------------------------------------- measured

@@ -1,7 +1,6 @@
 """mshelpers.memory: formulas on hand-worked cases, the estimator's bookkeeping, and errors."""
 from __future__ import annotations
 
-import doctest
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +10,7 @@ from mshelpers.config import RunConfig
 from mshelpers.memory import (activation_bytes_per_layer, calibrate, estimate, fits, llama_param_count,
                               max_batch_for_budget, model_state_breakdown,
                               model_state_bytes, output_activation_bytes)
+from _checks import module_doctests
 
 MINI = RunConfig.preset("mini")
 
@@ -223,13 +223,8 @@ def test_bad_input_raises_one_clear_value_error(call, field):
 
 
 def test_doctests():
-    # the module's own examples only: under `make mutate` the module also holds mutmut's copy of every function
-    # (x_name__mutmut_N), docstrings included, which multiplied the examples ~80x and each mutant's run with them
-    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
-    for t in finder.find(memory):
-        if "__mutmut_" not in t.name:
-            runner.run(t)
-    assert runner.tries > 10 and runner.failures == 0
+    tries, failures = module_doctests(memory)
+    assert tries > 10 and failures == 0
 
 
 # ---------------------------------------------------------------- exact values (mutation survivors)

@@ -1,7 +1,6 @@
 """mshelpers.mindformers_yaml: the planner's mindformers YAML, loaded by mindformers' own classes (MindFormerConfig, TransformerOpParallelConfig,
 TransformerRecomputeConfig, LlamaConfig, the registry), must train the planned global batch with the planned
 micro-batches and the ZeRO stage the memory plan assumed."""
-import doctest
 
 import pytest
 
@@ -9,6 +8,7 @@ from mshelpers import mindformers_yaml as Y
 from mshelpers import parallel as P
 from mshelpers.config import RunConfig
 from mshelpers.parallel import Layout, make_layout
+from _checks import module_doctests
 
 CFG = RunConfig.preset("llama2-7b")
 PLANS = P.plan_parallel_layout(CFG, 32, global_batch=64, seq_len=4096, zero_stage=1)
@@ -208,13 +208,8 @@ def test_what_mindformers_would_accept_silently_is_one_line(where, value, line, 
 
 
 def test_doctests():
-    # the module's own examples only: under `make mutate` the module also holds mutmut's copy of every function
-    # (x_name__mutmut_N), docstrings included, which multiplied the examples ~80x and each mutant's run with them
-    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
-    for t in finder.find(Y):
-        if "__mutmut_" not in t.name:
-            runner.run(t)
-    assert runner.tries >= 9 and runner.failures == 0
+    tries, failures = module_doctests(Y)
+    assert tries >= 9 and failures == 0
 
 
 # ---------------------------------------------------------------- mindformers' own split checks (imports mindformers, ~8 s)

@@ -5,7 +5,6 @@ hand, the step time on a Hardware profile, and (slow, msrun) the 2-rank tensor-p
 from __future__ import annotations
 
 import dataclasses
-import doctest
 import math
 from types import SimpleNamespace as _NS
 
@@ -21,37 +20,15 @@ from mshelpers.memory import llama_param_count
 from mshelpers.parallel import (Layout, communication_bytes, estimate_step_time, find_layout, make_layout,
                                 plan_parallel_layout, validate_layout)
 from mshelpers.pipeline import pipeline_bubble_fraction, stage_activation_bytes
+from _checks import foreign, module_doctests, positive_count_line, refused
 
 L7 = RunConfig.preset("llama2-7b")
 MINI = RunConfig.preset("mini")
 
 
-def _refused(f, *args, **kw) -> str:
-    """The one line f refuses these arguments with."""
-    with pytest.raises(ValueError) as e:
-        f(*args, **kw)
-    return str(e.value)
-
-
-def _line(fn, name, v):
-    tail = " (a count has no fraction)" if isinstance(v, float) and math.isfinite(v) else ""
-    return f"{fn}: {name}={v!r} is invalid; fix: pass a positive integer{tail}"
-
-
-def _foreign(cfg):
-    """The same model as a plain object without compute_dtype or recompute (a config that is not ours)."""
-    return _NS(**{k: getattr(cfg, k) for k in ("num_heads", "ffn_hidden_size", "num_layers", "hidden_size",
-                                                "seq_len", "vocab_size")})
-
-
 def test_doctests():
-    # the module's own examples only: under `make mutate` the module also holds mutmut's copy of every function
-    # (x_name__mutmut_N), docstrings included, which multiplied the examples ~80x and each mutant's run with them
-    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
-    for t in finder.find(parallel):
-        if "__mutmut_" not in t.name:
-            runner.run(t)
-    assert runner.tries >= 8 and runner.failures == 0
+    tries, failures = module_doctests(parallel)
+    assert tries >= 8 and failures == 0
 
 
 # ---------------------------------------------------------------- validity
@@ -92,32 +69,32 @@ def test_validate_layout_rejects_non_integers():
 def test_validate_layout_names_each_bad_count(i, name):
     args = [2, 2, 2, 2]
     args[i] = 0
-    assert _refused(parallel.validate_layout, L7, *args, n_devices=8, global_batch=64) == \
-        _line("validate_layout", name, 0)
+    assert refused(parallel.validate_layout, L7, *args, n_devices=8, global_batch=64) == \
+        positive_count_line("validate_layout", name, 0)
 
 
 @pytest.mark.parametrize("kw", ["n_devices", "global_batch"])
 def test_validate_layout_names_a_bad_keyword_count(kw):
-    assert _refused(parallel.validate_layout, L7, 1, 1, 1, 1, **{"n_devices": 1, "global_batch": 1, kw: 2.5}) == \
-        _line("validate_layout", kw, 2.5)
+    assert refused(parallel.validate_layout, L7, 1, 1, 1, 1, **{"n_devices": 1, "global_batch": 1, kw: 2.5}) == \
+        positive_count_line("validate_layout", kw, 2.5)
 
 
 def test_validate_layout_proposes_a_dp_that_fits_or_a_divisor_rule():
     v = parallel.validate_layout
-    assert _refused(v, L7, 3, 2, 2, 4, n_devices=8, global_batch=64) == (
+    assert refused(v, L7, 3, 2, 2, 4, n_devices=8, global_batch=64) == (
         "validate_layout: dp*mp*pp = 3*2*2 = 12 does not equal n_devices=8; fix: dp=2 makes dp*mp*pp = 8")
-    assert _refused(v, L7, 1, 3, 1, 1, n_devices=8, global_batch=64) == (
+    assert refused(v, L7, 1, 3, 1, 1, n_devices=8, global_batch=64) == (
         "validate_layout: dp*mp*pp = 1*3*1 = 3 does not equal n_devices=8; "
         "fix: choose mp*pp dividing 8 and dp = 8/(mp*pp)")
     # mp*pp = 8 does not divide 12 (though mp/pp would)
-    assert _refused(v, L7, 1, 2, 4, 4, n_devices=12, global_batch=64) == (
+    assert refused(v, L7, 1, 2, 4, 4, n_devices=12, global_batch=64) == (
         "validate_layout: dp*mp*pp = 1*2*4 = 8 does not equal n_devices=12; "
         "fix: choose mp*pp dividing 12 and dp = 12/(mp*pp)")
 
 
 def test_validate_layout_ffn_refusal_lists_the_mp_that_split_both():
     cfg = _NS(num_heads=8, ffn_hidden_size=12, num_layers=4)     # 12's divisors that also divide 8: 1, 2, 4
-    assert _refused(parallel.validate_layout, cfg, 1, 8, 1, 1, n_devices=8, global_batch=8) == (
+    assert refused(parallel.validate_layout, cfg, 1, 8, 1, 1, n_devices=8, global_batch=8) == (
         "validate_layout: mp=8 does not divide ffn_hidden_size=12 (MLP columns are split evenly); "
         "fix: use mp in [1, 2, 4]")
 
@@ -125,10 +102,10 @@ def test_validate_layout_ffn_refusal_lists_the_mp_that_split_both():
 def test_validate_layout_batch_refusal_lists_micro_batches_or_asks_for_another_batch():
     # 12 / 2 = 6 sequences per dp rank: 4 micro-batches do not split them, the divisors of 6 do
     v = parallel.validate_layout
-    assert _refused(v, L7, 2, 1, 1, 4, n_devices=2, global_batch=12) == (
+    assert refused(v, L7, 2, 1, 1, 4, n_devices=2, global_batch=12) == (
         "validate_layout: dp*micro_batches = 2*4 = 8 does not divide global_batch=12 "
         "(every micro-batch needs whole sequences); fix: use micro_batches in [1, 2, 3, 6]")
-    assert _refused(v, L7, 4, 1, 1, 1, n_devices=4, global_batch=6) == (
+    assert refused(v, L7, 4, 1, 1, 1, n_devices=4, global_batch=6) == (
         "validate_layout: dp*micro_batches = 4*1 = 4 does not divide global_batch=6 "
         "(every micro-batch needs whole sequences); fix: use a global_batch that is a multiple of "
         "dp*micro_batches = 4")
@@ -137,14 +114,14 @@ def test_validate_layout_batch_refusal_lists_micro_batches_or_asks_for_another_b
 def test_validate_layout_pipeline_rule_applies_only_with_stages():
     assert parallel.validate_layout(L7, 1, 1, 1, 1, n_devices=1, global_batch=1) is None
     assert parallel.validate_layout(L7, 1, 1, 2, 2, n_devices=2, global_batch=2) is None
-    assert _refused(parallel.validate_layout, L7, 1, 1, 2, 1, n_devices=2, global_batch=2).startswith(
+    assert refused(parallel.validate_layout, L7, 1, 1, 2, 1, n_devices=2, global_batch=2).startswith(
         "validate_layout: micro_batches=1 < pp=2; ")
 
 
 @pytest.mark.parametrize("v", [None, 0, -1, True, 2.0, "4"], ids=repr)
-def test_a_config_field_that_is_not_a_positive_integer_is_refused(v):
+def test_a_config_field_that_is_not_a_positive_integer_isrefused(v):
     cfg = _NS(num_heads=v, ffn_hidden_size=64, num_layers=2)
-    assert _refused(parallel.validate_layout, cfg, 1, 1, 1, 1, n_devices=1, global_batch=1) == (
+    assert refused(parallel.validate_layout, cfg, 1, 1, 1, 1, n_devices=1, global_batch=1) == (
         f"cfg.num_heads={v!r} is invalid; fix: pass a RunConfig (RunConfig.preset(...)) with a positive integer there")
 
 
@@ -224,9 +201,9 @@ def test_communication_bytes_without_tp_or_pp_has_none_of_their_traffic():
 
 def test_communication_bytes_reads_the_config_and_its_widths():
     # a foreign config without compute_dtype or recompute: the YAML writer's bfloat16 and no recompute
-    foreign = _foreign(MINI)
-    assert not hasattr(foreign, "compute_dtype") and not hasattr(foreign, "recompute")
-    got = _cb(foreign, 1, 2, 1, 1, global_batch=8)
+    plain = foreign(MINI)
+    assert not hasattr(plain, "compute_dtype") and not hasattr(plain, "recompute")
+    got = _cb(plain, 1, 2, 1, 1, global_batch=8)
     assert got == _cb(MINI.replace(compute_dtype="bfloat16"), 1, 2, 1, 1, global_batch=8)
     assert got["tp_buffer_bytes"] == 8 * MINI.seq_len * MINI.hidden_size * 2
     full = _cb(MINI.replace(recompute="full"), 1, 2, 1, 1, global_batch=8)
@@ -511,9 +488,9 @@ def test_latency_enters_the_step_time_only_when_given():
 def test_estimate_step_time_on_a_config_that_is_not_ours_counts_every_latency():
     hw = hardware.Hardware(1e12, intra_node_bytes_per_s=1e10, inter_node_bytes_per_s=1e9, devices_per_node=8,
                            intra_node_latency_s=1e-4, inter_node_latency_s=1e-3)
-    lay = parallel.make_layout(_foreign(MINI), 1, 2, 2, 2, global_batch=8)
+    lay = parallel.make_layout(foreign(MINI), 1, 2, 2, 2, global_batch=8)
     ours = parallel.estimate_step_time(MINI, lay, hw)
-    assert parallel.estimate_step_time(_foreign(MINI), lay, hw) == ours
+    assert parallel.estimate_step_time(foreign(MINI), lay, hw) == ours
     n_tp = 2 * 2 * 8                                      # m x (2 layers a stage x 4 all-reduces x 2 passes)
     no_lat = parallel.estimate_step_time(MINI, lay, dataclasses.replace(hw, intra_node_latency_s=0.0))
     assert ours["tp_s"] - no_lat["tp_s"] == pytest.approx(n_tp * 1e-4, rel=1e-9)
@@ -569,9 +546,7 @@ _REFUSALS = {
 @pytest.mark.parametrize("case", sorted(_REFUSALS))
 def test_every_refusal_is_one_exact_line(case):
     call, line = _REFUSALS[case]
-    with pytest.raises(ValueError) as e:
-        call()
-    assert str(e.value) == line
+    assert refused(call) == line
 
 
 def test_the_edges_the_refusals_leave_open():

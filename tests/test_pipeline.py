@@ -4,7 +4,6 @@ micro-batches each stage holds against MindSpore's scheduler and Korthikanti et 
 """
 from __future__ import annotations
 
-import doctest
 import math
 from types import SimpleNamespace as _NS
 
@@ -17,38 +16,16 @@ from mshelpers.config import RunConfig
 from mshelpers.parallel import make_layout
 from mshelpers.pipeline import (pipeline_activation_bytes, pipeline_bubble_fraction, pipeline_in_flight,
                                 simulate_pipeline, stage_activation_bytes)
+from _checks import foreign, module_doctests, positive_count_line, refused
 
 L7 = RunConfig.preset("llama2-7b")
 MINI = RunConfig.preset("mini")
 MODULE = pipeline
 
 
-def _refused(f, *args, **kw) -> str:
-    """The one line f refuses these arguments with."""
-    with pytest.raises(ValueError) as e:
-        f(*args, **kw)
-    return str(e.value)
-
-
-def _line(fn, name, v):
-    tail = " (a count has no fraction)" if isinstance(v, float) and math.isfinite(v) else ""
-    return f"{fn}: {name}={v!r} is invalid; fix: pass a positive integer{tail}"
-
-
-def _foreign(cfg):
-    """The same model as a plain object without compute_dtype or recompute (a config that is not ours)."""
-    return _NS(**{k: getattr(cfg, k) for k in ("num_heads", "ffn_hidden_size", "num_layers", "hidden_size",
-                                                "seq_len", "vocab_size")})
-
-
 def test_doctests():
-    # the module's own examples only: under `make mutate` the module also holds mutmut's copy of every function
-    # (x_name__mutmut_N), docstrings included, which multiplied the examples ~80x and each mutant's run with them
-    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
-    for t in finder.find(pipeline):
-        if "__mutmut_" not in t.name:
-            runner.run(t)
-    assert runner.tries >= 12 and runner.failures == 0
+    tries, failures = module_doctests(pipeline)
+    assert tries >= 12 and failures == 0
 
 
 # ---------------------------------------------------------------- bubble
@@ -142,7 +119,7 @@ def test_schedule_arguments_are_checked(kwargs, words):
 
 
 def test_a_schedule_refusal_says_what_to_pass():
-    assert _refused(pipeline.pipeline_in_flight, 4, 8, "1f1b", 2) == ("pipeline_in_flight: virtual_stages=2 needs schedule='interleaved'; fix: pass "
+    assert refused(pipeline.pipeline_in_flight, 4, 8, "1f1b", 2) == ("pipeline_in_flight: virtual_stages=2 needs schedule='interleaved'; fix: pass "
                             "schedule='interleaved' or virtual_stages=1")
 
 
@@ -234,7 +211,7 @@ def test_stage_activation_bytes_by_hand():
 
 
 def test_stage_activation_bytes_on_a_config_that_is_not_ours():
-    lay = parallel.make_layout(_foreign(MINI), 1, 2, 2, 2, global_batch=8)
+    lay = parallel.make_layout(foreign(MINI), 1, 2, 2, 2, global_batch=8)
     ours = parallel.make_layout(MINI.replace(compute_dtype="bfloat16"), 1, 2, 2, 2, global_batch=8)
     assert pipeline.stage_activation_bytes(lay) == pipeline.stage_activation_bytes(ours)
     fp32 = pipeline.stage_activation_bytes(parallel.make_layout(MINI, 1, 2, 2, 2, global_batch=8))
@@ -256,7 +233,7 @@ def test_every_count_is_refused_by_one_line_naming_the_function_and_the_argument
             continue
         got = list(args)
         got[i] = bad
-        assert _refused(getattr(MODULE, fn), *got) == _line(fn, name, bad)
+        assert refused(getattr(MODULE, fn), *got) == positive_count_line(fn, name, bad)
 
 
 def test_counts_accept_integral_floats_and_numpy_integers():
@@ -295,9 +272,7 @@ _REFUSALS = {
 @pytest.mark.parametrize("case", sorted(_REFUSALS))
 def test_every_refusal_is_one_exact_line(case):
     call, line = _REFUSALS[case]
-    with pytest.raises(ValueError) as e:
-        call()
-    assert str(e.value) == line
+    assert refused(call) == line
 
 
 def test_the_edges_the_refusals_leave_open():

@@ -3,30 +3,18 @@ ranks that read disjoint shards and train as one process with twice the batch.
 """
 from __future__ import annotations
 
-import doctest
 
 import pytest
 
 from mshelpers import shards
 from mshelpers.shards import check_shards
 from mshelpers.config import RunConfig
-
-
-def _refused(f, *args, **kw) -> str:
-    """The one line f refuses these arguments with."""
-    with pytest.raises(ValueError) as e:
-        f(*args, **kw)
-    return str(e.value)
+from _checks import module_doctests, refused
 
 
 def test_doctests():
-    # the module's own examples only: under `make mutate` the module also holds mutmut's copy of every function
-    # (x_name__mutmut_N), docstrings included, which multiplied the examples ~80x and each mutant's run with them
-    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
-    for t in finder.find(shards):
-        if "__mutmut_" not in t.name:
-            runner.run(t)
-    assert runner.tries >= 5 and runner.failures == 0
+    tries, failures = module_doctests(shards)
+    assert tries >= 5 and failures == 0
 
 
 def test_check_shards():
@@ -51,7 +39,7 @@ def test_check_shards_exactly():
     # overlapping but complete: not ok, whatever the union says
     assert check_shards([[0, 1], [1]], range(2))["ok"] is False
     for bad in ([], [[0], []]):
-        assert _refused(shards.check_shards, bad) == (f"check_shards: per_rank_ids has {len(bad)} ranks, some empty; "
+        assert refused(shards.check_shards, bad) == (f"check_shards: per_rank_ids has {len(bad)} ranks, some empty; "
                                 "fix: pass one non-empty list of sample ids per rank")
 
 
