@@ -45,14 +45,15 @@ def compare(log: list[dict], committed: dict[tuple[str, str], str]) -> dict:
     for v in log:
         key, got = (v.get("base"), v.get("cand")), v.get("verdict")
         if got == "too noisy":
-            noisy.append(key)
+            noisy.append((key, v.get("band"), v.get("load")))
         elif key not in committed:
             unknown.append((key, got))
         elif committed[key] == got:
             same.append(key)
         else:
             other.append((key, committed[key], got, v.get("expected")))
-    return {"verdicts": len(log), "as committed": len(same), "too noisy": len(noisy), "decided otherwise": other,
+    return {"verdicts": len(log), "as committed": len(same), "too noisy": len(noisy), "too noisy (which, band, load)": noisy,
+            "decided otherwise": other,
             "not in the committed run": unknown}
 
 

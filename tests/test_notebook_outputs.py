@@ -285,9 +285,10 @@ def test_busy_neighbour_sorts_verdicts_against_the_committed_run():
     assert len(committed) == len({(v["base"], v["cand"]) for vs in per.values() for v in vs})   # every comparison
     c = {("a", "b"): "win", ("a", "c"): "within noise"}
     res = busy_neighbour.compare([{"base": "a", "cand": "b", "verdict": "win"},
-                                  {"base": "a", "cand": "c", "verdict": "too noisy"},
+                                  {"base": "a", "cand": "c", "verdict": "too noisy", "band": 0.4, "load": "3.1"},
                                   {"base": "a", "cand": "c", "verdict": "regression", "expected": "undecided"},
                                   {"base": "x", "cand": "y", "verdict": "win"}], c)
     assert (res["verdicts"], res["as committed"], res["too noisy"]) == (4, 1, 1)
+    assert res["too noisy (which, band, load)"] == [(("a", "c"), 0.4, "3.1")]
     assert res["decided otherwise"] == [(("a", "c"), "within noise", "regression", "undecided")]
     assert res["not in the committed run"] == [(("x", "y"), "win")]
