@@ -914,3 +914,132 @@ def test_a_stop_with_non_finite_weights_names_the_older_checkpoint_it_kept(tmp_p
     err = str(mgr.preempted(2, 2, 0.5, _stopped(signal.SIGTERM)))
     assert err.startswith(f"SIGTERM after step 2: step 2 was not saved (non-finite weights); newest checkpoint: "
                           f"{first} (step 1); fix"), err
+
+
+def test_move_run_aside_moves_every_file_and_never_reuses_a_folder(tmp_path, monkeypatch):
+    # --overwrite's move: nothing deleted, each earlier run in a folder of its own, even within one second
+    import time
+    monkeypatch.setattr(time, "strftime", lambda fmt: "20261205-080000" if fmt == "%Y%m%d-%H%M%S" else fmt)
+    out = tmp_path / "run"
+    out.mkdir()
+    dests = []
+    for k in range(3):
+        files = [out / "metrics.csv", out / f"step_{k:06d}.ckpt"]
+        for i, f in enumerate(files):
+            f.write_text(f"run {k} file {i}")
+        dests.append(checkpoint.move_run_aside(out, files))
+        assert not any(f.exists() for f in files)
+    assert [d.relative_to(out).as_posix() for d in dests] == [
+        "previous/20261205-080000", "previous/20261205-080000.1", "previous/20261205-080000.2"]
+    for k, d in enumerate(dests):
+        assert sorted(p.name for p in d.iterdir()) == ["metrics.csv", f"step_{k:06d}.ckpt"]
+        assert (d / "metrics.csv").read_text() == f"run {k} file 0"
+        assert (d / f"step_{k:06d}.ckpt").read_text() == f"run {k} file 1"
+
+
+def test_the_manager_saves_the_whole_model_and_the_loss_scale_not_only_what_the_optimizer_holds(tmp_path):
+    # a frozen parameter (no gradient, so not the optimizer's) and the loss scale must both be in the checkpoint
+    run = _Run()
+    frozen = ms.Parameter(ms.Tensor(np.full((2,), 7.0, np.float32)), name="frozen_scale", requires_grad=False)
+    run.net.frozen_scale = frozen
+    run.sc.scale_value.set_data(ms.Tensor(512.0, ms.float32))
+    mgr = checkpoint.CheckpointManager(tmp_path, every=1).attach(run.net, run.opt, run.sc)
+    mgr.write(1, 1, run.step())
+    mgr.finish()
+    saved = checkpoint.read(tmp_path / "step_000001.ckpt")
+    np.testing.assert_array_equal(saved["frozen_scale"].asnumpy(), [7.0, 7.0])
+    assert float(saved["loss_scaler.scale_value"].asnumpy()) == 512.0
+
+
+def test_a_run_prunes_only_its_own_checkpoints_and_names_only_its_own_newest(tmp_path):
+    a, b = _Run(seed=6), _Run(seed=7)
+    _loop(checkpoint.CheckpointManager(tmp_path, every=2, keep=1, run={"id": "A"}).attach(a.net, a.opt), a, 1, 4)
+    mb = checkpoint.CheckpointManager(tmp_path, every=2, keep=1, run={"id": "B"}).attach(b.net, b.opt)
+    _loop(mb, b, 1, 2)
+    # B's keep=1 counts B's checkpoints only: A's newer step 4 is not B's to count, nor to delete
+    assert _names(tmp_path) == ["step_000002.ckpt", "step_000004.ckpt"]
+    assert mb.newest_finite() == f"{tmp_path / 'step_000002.ckpt'} (step 2)"      # not A's newer step 4
+    # B's step 3, written with NaN weights: the newest finite one is still step 2
+    b.net.weight.set_data(ms.Tensor(np.full((3, 4), np.nan, np.float32)))
+    checkpoint.save(tmp_path, b.net, b.opt, step=3, data_pos=3, run={"id": "B"})
+    assert mb.newest_finite() == f"{tmp_path / 'step_000002.ckpt'} (step 2)"
+
+
+def test_check_resume_names_every_checkpoint_it_cannot_use_in_one_line(tmp_path):
+    net, opt, _ = make()
+    checkpoint.save(tmp_path, net, opt, step=1, data_pos=1)                      # no run id at all
+    checkpoint.save(tmp_path, net, opt, step=2, data_pos=2, run={"id": "theirs"})
+    with pytest.raises(checkpoint.NothingToResume) as e:
+        checkpoint.CheckpointManager(tmp_path, run={"id": "ours"}).check_resume(5)
+    assert str(e.value) == (f"no checkpoint in {tmp_path} can be resumed (step_000002.ckpt belongs to run theirs; "
+                            "step_000001.ckpt belongs to run None); nothing was changed; fix: restore a checkpoint, "
+                            "or start a fresh run in another folder")
+
+
+def test_resume_says_which_checkpoints_it_passed_over_and_why(tmp_path, capsys):
+    run = _Run()
+    mgr = checkpoint.CheckpointManager(tmp_path, every=2, keep=5, run={"id": "A"}).attach(run.net, run.opt)
+    _loop(mgr, run, 1, 4)                                              # A: steps 2 and 4
+    checkpoint.save(tmp_path, run.net, run.opt, step=6, data_pos=6, run={"id": "B"})       # newer, another run's
+    (tmp_path / "step_000003.ckpt").write_bytes((tmp_path / "step_000002.ckpt").read_bytes())   # older, misnamed
+    capsys.readouterr()
+    m2 = checkpoint.CheckpointManager(tmp_path, every=2, keep=5, run={"id": "A"})
+    m2.check_resume(8)
+    start, _, _ = m2.attach(run.net, run.opt).begin(True, 8, _csv(tmp_path / "m.csv", [1, 2, 3, 4]))
+    err = capsys.readouterr().err
+    assert start == 5
+    assert f"checkpoint {tmp_path / 'step_000006.ckpt'} belongs to run B; skipping it\n" in err
+    assert (f"checkpoint {tmp_path / 'step_000003.ckpt'} holds step 2, not 3; left alone (rename it to match, or "
+            "remove it); skipping it\n") in err
+
+
+def test_a_stop_right_after_resuming_saves_or_explains_the_first_step_of_this_process(tmp_path):
+    run = _Run()
+    checkpoint.save(tmp_path, run.net, run.opt, step=1, data_pos=1)
+    mgr = checkpoint.CheckpointManager(tmp_path, every=0)
+    mgr.check_resume(5)
+    assert mgr.attach(run.net, run.opt).begin(True, 5, _csv(tmp_path / "m.csv", [1]))[0] == 2
+    err = str(mgr.preempted(2, 2, run.step(), _stopped(signal.SIGTERM)))             # step 2 = self.start
+    assert err.startswith(f"SIGTERM after step 2: saved {tmp_path / 'step_000002.ckpt'} (step 2); fix"), err
+    m3 = checkpoint.CheckpointManager(tmp_path, every=0)
+    m3.check_resume(5)
+    assert m3.attach(run.net, run.opt).begin(True, 5, _csv(tmp_path / "m.csv", [1, 2]))[0] == 3
+    run.net.weight.set_data(ms.Tensor(np.full((3, 4), np.nan, np.float32)))
+    err = str(m3.preempted(3, 3, 0.5, _stopped(signal.SIGTERM)))                    # step 3 = m3.start
+    assert err.startswith(f"SIGTERM after step 3: step 3 was not saved (non-finite weights); newest checkpoint: "
+                          f"{tmp_path / 'step_000002.ckpt'} (step 2); fix"), err
+
+
+def test_checkpoint_counts_start_at_zero():
+    # "a non-negative integer": step 0 and data position 0 are valid (a save before the first step)
+    assert checkpoint._as_step("save", "step", 0) == 0 and checkpoint._as_step("save", "data_pos", np.int64(0)) == 0
+
+
+def test_run_lock_makes_its_folder_names_its_holder_and_refuses_a_file(tmp_path):
+    import fcntl
+    with checkpoint.run_lock(tmp_path / "a" / "b") as lock:                  # parents made
+        assert (tmp_path / "a" / "b" / ".lock").read_text() == f"{os.getpid()}\n" and lock.folder == tmp_path / "a" / "b"
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(NotADirectoryError) as e:
+        with checkpoint.run_lock(tmp_path / "f"):
+            pass
+    assert str(e.value) == f"--out {tmp_path / 'f'} is a file, not a folder; fix: pass a folder path"
+    # a holder that has not written its pid yet
+    (tmp_path / "c").mkdir()
+    with open(tmp_path / "c" / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(checkpoint.RunLocked) as e:
+            with checkpoint.run_lock(tmp_path / "c"):
+                pass
+    assert str(e.value) == (f"{tmp_path / 'c'} is in use by another run (pid unknown); fix: wait for it to finish, "
+                            "or pass another --out")
+
+
+def test_move_aside_never_overwrites_an_earlier_foreign_file(tmp_path, capsys):
+    for k in range(3):
+        (tmp_path / "step_000004.ckpt").write_text(f"theirs {k}")
+        checkpoint._move_aside(tmp_path / "step_000004.ckpt", "belongs to run X")
+    assert sorted(p.name for p in (tmp_path / "foreign").iterdir()) == [
+        "step_000004.1.ckpt", "step_000004.2.ckpt", "step_000004.ckpt"]
+    assert [(tmp_path / "foreign" / n).read_text() for n in ("step_000004.ckpt", "step_000004.1.ckpt",
+                                                             "step_000004.2.ckpt")] == ["theirs 0", "theirs 1", "theirs 2"]
