@@ -781,3 +781,108 @@ def test_without_proc_the_platform_answers(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert peak._threads() == 1
 
+
+
+def test_competing_processes_shares_exactly_from_two_scripted_reads(monkeypatch):
+    """Two /proc reads scripted: a tick of 1/3 s, 0.5 s apart, so a process's share of a core is its new ticks
+    / 3 / 0.5. This process, its two children and their descendants (one new) are left out; the rest are listed
+    above min_share, busiest first, ties by pid."""
+    from types import SimpleNamespace
+    me, b = os.getpid(), 4_000_000           # pids above any real one here (pid_max is 4,194,304)
+    first = {me: ("python", 1, 1000), b + 50: ("kid", me, 0), b + 52: ("kid2", me, 0), b + 51: ("grandkid", b + 50, 0),
+             b + 60: ("busy", 1, 100), b + 61: ("light", 1, 5), b + 62: ("edge", 1, 7), b + 63: ("tie", 1, 10)}
+    second = {me: ("python", 1, 1009), b + 50: ("kid", me, 9), b + 52: ("kid2", me, 9), b + 51: ("grandkid", b + 50, 9),
+              b + 60: ("busy", 1, 106), b + 61: ("light", 1, 5), b + 62: ("edge", 1, 10), b + 63: ("tie", 1, 14),
+              b + 70: ("new", 1, 4), b + 71: ("newkid", b + 51, 9)}
+    reads, clock = iter([first, second]), iter([100.0, 100.5])
+    monkeypatch.setattr(peak, "_proc_cpu", lambda: next(reads))
+    monkeypatch.setattr(peak, "time", SimpleNamespace(monotonic=lambda: next(clock), sleep=lambda s: None))
+    monkeypatch.setattr(peak.os, "sysconf", lambda name: 3 if name == "SC_CLK_TCK" else os.sysconf(name))
+    rows = peak.competing_processes(interval=0.5, min_share=2.0)
+    # busy 6 ticks: 6 / 3 / 0.5 = 4.0; tie and new (all 4 of its ticks are new) 4 / 3 / 0.5 = 2.67; edge 3 ticks
+    # = 2.0, not above 2.0; light 0; the kids, the grandkid and its new child 6.0 each, but they are ours
+    assert rows == [{"name": "busy", "pid": b + 60, "core_share": 4.0},
+                    {"name": "tie", "pid": b + 63, "core_share": 2.67},
+                    {"name": "new", "pid": b + 70, "core_share": 2.67}]
+
+
+def test_competing_processes_refuses_a_bad_share_or_interval_in_one_line():
+    for kw, shown in (({"min_share": -0.1}, "min_share=-0.1"), ({"interval": float("inf")}, "interval=inf"),
+                      ({"min_share": True}, "min_share=True"), ({"interval": "1"}, "interval='1'")):
+        with pytest.raises(ValueError) as e:
+            peak.competing_processes(**kw)
+        assert str(e.value) == f"competing_processes: {shown} is invalid; fix: pass a number >= 0"
+    assert isinstance(peak.competing_processes(interval=0, min_share=0), list)      # zero is a valid share and wait
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc (Linux)")
+def test_proc_cpu_reads_a_name_with_parentheses_the_parent_and_user_plus_system_ticks(monkeypatch):
+    # a child names itself "a) b (c" (its /proc comm), so the name must be taken from the first "(" to the last ")"
+    child = subprocess.Popen([sys.executable, "-c", "open('/proc/self/comm', 'w').write('a) b (c'); "
+                              "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline and (peak._proc_cpu().get(child.pid, ("",))[0] != "a) b (c"):
+            time.sleep(0.05)
+        # a pid that ended between the listing and the read is skipped, and the rest still read
+        real = os.listdir
+        monkeypatch.setattr(peak.os, "listdir", lambda p: ["4194000", *real(p)] if p == "/proc" else real(p))
+        got = peak._proc_cpu()
+        assert got[child.pid][:2] == ("a) b (c", os.getpid())
+        tick = os.sysconf("SC_CLK_TCK")
+        while os.times().system * tick <= 6 and time.time() < deadline + 20:     # system time (a forked test
+            real("/proc")                                                       # process starts at zero)
+        got = peak._proc_cpu()
+        t = os.times()
+        assert t.system * tick > 6, "this process has spent too little system time to tell user+system from user-system"
+        assert abs(got[os.getpid()][2] - (t.user + t.system) * tick) <= 3     # utime + stime, in clock ticks
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_load_snapshot_rounds_the_1_minute_load_and_gives_none_without_one(monkeypatch):
+    monkeypatch.setattr(peak, "competing_processes", lambda: [])
+    monkeypatch.setattr(peak.os, "getloadavg", lambda: (1.23456, 5.0, 6.0))
+    assert peak._load_snapshot() == {"load_1min": 1.23, "competing": []}
+
+    def no_load():
+        raise OSError("no load average here")
+    monkeypatch.setattr(peak.os, "getloadavg", no_load)
+    assert peak._load_snapshot() == {"load_1min": None, "competing": []}
+
+
+@pytest.mark.parametrize("clock, got", [(100, 100.0), (10_000, 10_000.0), (99.99, None), (10_000.01, None),
+                                        (True, None), ("4000", None)])
+def test_a_cached_clock_is_used_only_between_100_and_10000_mhz(monkeypatch, clock, got):
+    class AnyKey(dict):
+        def get(self, key, default=None):
+            return {"clock_mhz": clock}
+    monkeypatch.setattr(peak, "_read_peak_cache", lambda path, note=False: AnyKey())
+    monkeypatch.setattr(peak, "_peak_entry_problem", lambda rec, info: None)
+    assert peak._cached_clock_mhz() == got
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/cpuinfo"), reason="reads /proc/cpuinfo (Linux)")
+def test_cpuinfo_max_mhz_is_the_highest_cpu_mhz_line():
+    import re
+    listed = [float(m) for m in re.findall(r"^cpu MHz\s*:\s*([0-9.]+)\s*$", open("/proc/cpuinfo").read(), re.M)]
+    assert peak._cpuinfo_max_mhz() == (max(listed) if listed else None)
+
+
+def test_the_peak_cache_is_written_readable_by_all_and_a_failed_write_leaves_no_temp_file(tmp_path, monkeypatch):
+    import stat
+    path = tmp_path / "cache" / "peak.json"
+    peak._write_peak_cache(path, "a", {"flops": 1.0})
+    peak._write_peak_cache(path, "b", {"flops": 2.0})                 # the other entries kept
+    assert json.loads(path.read_text()) == {"a": {"flops": 1.0}, "b": {"flops": 2.0}}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644                 # a shared cache: others on the machine read it
+    assert sorted(p.name for p in path.parent.iterdir()) == ["peak.json"]
+
+    def full(*a):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(peak.os, "replace", full)
+    with pytest.raises(OSError, match="No space left"):
+        peak._write_peak_cache(path, "c", {"flops": 3.0})
+    assert sorted(p.name for p in path.parent.iterdir()) == ["peak.json"]     # the temp file removed, nothing lost
+    assert json.loads(path.read_text()) == {"a": {"flops": 1.0}, "b": {"flops": 2.0}}
