@@ -1,10 +1,12 @@
 """mshelpers.compiling: bucketing, recompile detection, compile-error capture (no training)."""
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mshelpers.compiling import bucket_length, capture_compile_error, first_steps, pad_to_bucket, shape_sweep
+from mshelpers.compiling import (bucket_length, capture_compile_error, count_kernels, first_steps, ir_dump_env,
+                                 pad_to_bucket, shape_sweep)
 
 
 def test_bucket_length_picks_smallest_bucket_that_fits():
@@ -56,3 +58,30 @@ def test_capture_compile_error_reads_first_line_and_source(tmp_path):
     assert err["error"] == "RuntimeError"
     assert "Try" in err["first_line"]
     assert any("_compile_error_net.py" in c for c in err["code"]), err["code"]
+
+
+# ---------------------------------------------------------------- count_kernels on a real IR dump
+# count_kernels reads the final executed graph of a real MindSpore IR dump (excerpt of a tiny LLaMA
+# compiled with graph-kernel fusion, tests/data/ir).
+DATA = Path(__file__).parent / "data" / "ir"
+
+
+def test_counts_kernel_lines_not_actors():
+    k = count_kernels(DATA)
+    # StridedSlice x2, Reshape, Gather, GraphKernel_Square, GraphKernel_Add_Rsqrt_split; the
+    # DataPrepareActor, HostDSActor and FusionActor lines are runtime actors, not kernels
+    assert k["kernels"] == 6
+    assert k["fused_kernels"] == 2
+    assert k["by_type"] == {"StridedSlice": 2, "Reshape": 1, "Gather": 1, "GraphKernel_Square": 1,
+                            "GraphKernel_Add_Rsqrt_split": 1}
+    assert k["file"].endswith("final_actor_set_kernel_graph_0.ir")
+
+
+def test_missing_dump_says_how_to_make_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="ir_dump_env"):
+        count_kernels(tmp_path)
+
+
+def test_dump_env_restricts_to_the_actor_set(tmp_path):
+    env = ir_dump_env(tmp_path)
+    assert env["MS_DEV_SAVE_GRAPHS_PATH"] == str(tmp_path) and env["MS_DEV_DUMP_IR_PASSES"] == "actor_set"
