@@ -1,5 +1,5 @@
 """Layout rules shared by the reader and the variants: layers per pipeline stage, recompute per stage, the
-integer checks, and the cross-checks of a layout against its model.
+value checks (counts, sizes, dtypes, switches), and the cross-checks of a layout against its model.
 
 mindformers splits L layers over pp stages (x VPP chunks) in its LayerSetting and counts recompute per stage;
 readers.py builds a `Layout` from a file with these functions, variants.py builds another `Layout` from a
@@ -27,6 +27,54 @@ def _count(v: Any, where: str, *, zero_ok: bool = False, strict: bool = False) -
         raise DoctorError(where, v, f"a {'non-negative' if zero_ok else 'positive'} integer below 2**31"
                           + (" (an int: mindformers checks the type)" if strict and _is_int(v) else ""))
     return int(v)
+
+
+def parse_size(text: Any) -> int:
+    """Bytes in a MindSpore size such as "58GB" (GB = 1024**3, as mshelpers.memory.parse_memory_size)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool) and 0 < text < 2**64 and \
+            (isinstance(text, int) or math.isfinite(text)):       # (math.isfinite(2**1100) raises OverflowError)
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B)\s*", str(text), flags=re.IGNORECASE)
+    if not m or not 0 < float(m.group(1)) < 2**64:                # "999...9GB" is float inf
+        raise ValueError(text)
+    return int(float(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2).upper()])
+
+
+def _budget(given: Any, ctx: dict, default: Any = None) -> int | None:
+    raw = given if given is not None else ctx.get("max_device_memory", default)
+    if raw is None:
+        return None
+    try:
+        return parse_size(raw)
+    except ValueError:
+        where = "--budget" if given is not None else "context.max_device_memory"
+        raise DoctorError(where, raw, 'write a size as MindSpore does, e.g. "58GB"') from None
+
+
+_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "fp16": "float16",
+           "bf16": "bfloat16", "fp32": "float32"}
+
+
+def _dtype(v: Any, default: str, where: str) -> str:
+    """A dtype key as mindformers' convert_mstype reads it (models/utils.py: str(v).lower(), one of float16,
+    float32, bfloat16 or int8; 2.x configs also write fp16/bf16/fp32). Missing or None: `default`."""
+    if v is None:
+        return default
+    if not isinstance(v, str) or v.lower() not in _DTYPES:
+        raise DoctorError(where, v, "float16, bfloat16 or float32 (mindformers' models/utils.py convert_mstype; "
+                          "the doctor prices these three)")
+    return _DTYPES[v.lower()]
+
+
+def _flag(section: dict, key: str, default: bool, where: str) -> bool:
+    """A switch the doctor prices: True or False, as mindformers' Validator.check_bool takes it (r1.x
+    modules/transformer/op_parallel_config.py checks use_seq_parallel so). Missing or None: `default`."""
+    v = section.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise DoctorError(f"{where}.{key}", v, "True or False (mindformers checks it with Validator.check_bool)")
+    return v
 
 
 def stage_split(L: int, pp: int, vpp: int, offset: Any, where: str, notes: list) -> list[list[int]]:

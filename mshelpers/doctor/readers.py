@@ -29,7 +29,8 @@ from dataclasses import replace
 from typing import Any
 
 from .describe import Config, DoctorError, Layout, MoE, Model
-from .layouts import _count, _is_int, _per_stage, _ranges, _select_ops, checked, pynative_chunks, stage_split
+from .layouts import (_budget, _count, _dtype, _flag, _is_int, _per_stage, _ranges, _select_ops, checked, parse_size,
+                      pynative_chunks, stage_split)
 from .variants import edited_yaml
 
 _HALF = ("float16", "bfloat16", "fp16", "bf16")
@@ -113,33 +114,6 @@ def _ffn_size(h: int, multiple_of: Any, mult: Any, given: Any) -> int:
     return int(m * ((f + m - 1) // m))
 
 
-def parse_size(text: Any) -> int:
-    """Bytes in a MindSpore size such as "58GB" (GB = 1024**3, as mshelpers.memory.parse_memory_size)."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool) and 0 < text < 2**64 and \
-            (isinstance(text, int) or math.isfinite(text)):       # (math.isfinite(2**1100) raises OverflowError)
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B)\s*", str(text), flags=re.IGNORECASE)
-    if not m or not 0 < float(m.group(1)) < 2**64:                # "999...9GB" is float inf
-        raise ValueError(text)
-    return int(float(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2).upper()])
-
-
-def _budget(given: Any, ctx: dict, default: Any = None) -> int | None:
-    raw = given if given is not None else ctx.get("max_device_memory", default)
-    if raw is None:
-        return None
-    try:
-        return parse_size(raw)
-    except ValueError:
-        where = "--budget" if given is not None else "context.max_device_memory"
-        raise DoctorError(where, raw, 'write a size as MindSpore does, e.g. "58GB"') from None
-
-
-def _dtype(v: Any, default: str) -> str:
-    s = str(v if isinstance(v, str) and v else default)
-    return {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(s, s)
-
-
 # ---------------------------------------------------------------- the model (shared by every dialect)
 def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str = "", nulls: Any = ()) -> Model:
     """A `Model` from a flat dict of model keys (any dialect's names; see ALIASES). `nulls`: the keys the file
@@ -160,7 +134,7 @@ def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str
     kv = get("kv_heads", zero_ok=True) or a
     if mc.get("multi_query_attention") is False and "multi_query_group_num" in mc and not mc.get("n_kv_heads"):
         kv = a                                                  # ChatGLM with MQA switched off
-    mla = bool(mc.get("multi_latent_attention")) or _is_int(mc.get("kv_lora_rank")) and mc["kv_lora_rank"] > 0
+    mla = _flag(mc, "multi_latent_attention", False, where) or _is_int(mc.get("kv_lora_rank")) and mc["kv_lora_rank"] > 0
     hd = get("head_dim") or h // a
     if a > h or h % a and not mc.get("head_dim") and not mc.get("kv_channels"):
         raise DoctorError(f"{where}.{_pick(mc, 'heads', where, dialect)[0]}", a,
@@ -207,14 +181,14 @@ def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str
                   qk_nope_dim=get("qk_nope_dim", zero_ok=True) or 128,
                   qk_rope_dim=get("qk_rope_dim", zero_ok=True) or 64, v_head_dim=get("v_head_dim") or 128)
         kv = a
-    tied = bool(mc.get("tie_word_embeddings", False))
-    if "untie_embeddings_and_output_weights" in mc:
-        tied = not bool(mc["untie_embeddings_and_output_weights"])
-    qkv_bias = any(bool(mc.get(k)) for k in ALIASES["qkv_bias"])
+    tied = _flag(mc, "tie_word_embeddings", False, where)
+    if mc.get("untie_embeddings_and_output_weights") is not None:
+        tied = not _flag(mc, "untie_embeddings_and_output_weights", True, where)
+    qkv_bias = any(_flag(mc, k, False, where) for k in ALIASES["qkv_bias"])
     return Model(name=name or str(mc.get("model_type") or mc.get("type") or mc.get("architectures") or "?"),
                  layers=L, hidden=h, heads=a, kv_heads=kv, head_dim=hd, ffn=ffn, vocab=V, seq=s, tied=tied,
                  attention=kw.pop("attention", "mha" if kv == a else "gqa"), moe=moe,
-                 mtp=get("mtp", zero_ok=True) or 0, flash=bool(mc.get("use_flash_attention", dialect != "r1.x")),
+                 mtp=get("mtp", zero_ok=True) or 0, flash=_flag(mc, "use_flash_attention", dialect != "r1.x", where),
                  qkv_bias=qkv_bias, **kw)
 
 
@@ -400,17 +374,18 @@ def _static(d: dict, dialect: str, budget: Any, model_config: Any) -> Config:
     sel = _select_ops(rc.get("select_recompute", False), chunks, full, "recompute_config.select_recompute")
     par = _section(d, "parallel")
     ctx = _section(d, "context")
-    pdt = _dtype(merged.get("params_dtype", merged.get("param_init_type")), "float32")
-    cdt = _dtype(merged.get("compute_dtype"), "float16")
+    pkey = "params_dtype" if merged.get("params_dtype") is not None else "param_init_type"
+    pdt = _dtype(merged.get(pkey), "float32", f"{w}.{pkey}")
+    cdt = _dtype(merged.get("compute_dtype"), "float16", f"{w}.compute_dtype")
     opt = str((_section(d, "optimizer").get("type")) or "AdamW")
     layout = Layout(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, cp_kind="ulysses" if "ulysses" in cp_algo else "ring",
                     vpp=vpp, micro=micro, batch=batch, grad_accum=ga, interleave=mbi,
-                    seq_parallel=bool(pc.get("use_seq_parallel", False)) and tp > 1,
+                    seq_parallel=_flag(pc, "use_seq_parallel", False, "parallel_config") and tp > 1,
                     # MindSpore's parallel optimizer shards over every rank holding the same parameters: dp x cp
                     optimizer_shard="po" if par.get("enable_parallel_optimizer") and dp * cp > 1 else "none",
-                    vocab_emb_dp=bool(pc.get("vocab_emb_dp", True)),
-                    shard_accum=bool((_section(par, "parallel_optimizer_config", "parallel.parallel_optimizer_config")
-                                      ).get("gradient_accumulation_shard", False)),
+                    vocab_emb_dp=_flag(pc, "vocab_emb_dp", True, "parallel_config"),
+                    shard_accum=_flag(_section(par, "parallel_optimizer_config", "parallel.parallel_optimizer_config"),
+                                      "gradient_accumulation_shard", False, "parallel.parallel_optimizer_config"),
                     stage_layers=tuple(sum(c[s] for c in chunks) for s in range(pp)),
                     full_recompute=tuple(full), select_ops=tuple(sel), swap=_swap(d),
                     compute_dtype=cdt, param_bytes=2 if pdt in _HALF else 4,
@@ -496,13 +471,13 @@ def _pynative(d: dict, budget: Any, model_config: Any, devices: int | None) -> C
                      "(ParallelismConfig declares it; the trainer shards with FSDP over dp x cp): FSDP assumed")
     layout = Layout(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, cp_kind="ulysses" if method in ("ulysses", "hybrid") else "ring",
                     vpp=vpp, micro=n_micro if pp > 1 else 1, batch=local, grad_accum=1 if pp > 1 else n_micro,
-                    seq_parallel=bool(par.get("sequence_parallel", False)) and tp > 1,
+                    seq_parallel=_flag(par, "sequence_parallel", False, "parallelism") and tp > 1,
                     # FSDP over the fsdp domain dp x cp (ParallelismConfig.dense_fsdp_shard_size's docstring)
                     optimizer_shard="fsdp" if dp * cp > 1 else "none",
                     stage_layers=tuple(sum(c[s] for c in chunks) for s in range(pp)), full_recompute=tuple(full),
-                    select_ops=tuple(sel), swap=bool(swap.get("enable", False)),
-                    compute_dtype=_dtype(merged.get("compute_dtype"), "bfloat16"),
-                    param_bytes=2 if _dtype(merged.get("params_dtype"), "float32") in _HALF else 4,
+                    select_ops=tuple(sel), swap=_flag(swap, "enable", False, "swap"),
+                    compute_dtype=_dtype(merged.get("compute_dtype"), "bfloat16", "model.compute_dtype"),
+                    param_bytes=2 if _dtype(merged.get("params_dtype"), "float32", "model.params_dtype") in _HALF else 4,
                     state_bytes=8)
     ctx = _section(d, "context")
     return checked(Config(model=m, layout=layout, budget_bytes=_budget(budget, ctx, "59GB"), dialect="pynative",

@@ -335,6 +335,43 @@ def test_a_null_batch_is_refused_or_said(seed, path, refused, tmp_path, capsys):
         assert any(n.startswith(f"{'.'.join(path)} is None:") for n in c.notes), c.notes
 
 
+DTYPE_KEYS = [(_R, ("model", "model_config", "param_init_type")), (_R, ("model", "model_config", "compute_dtype")),
+              (_P, ("model", "params_dtype")), (_P, ("model", "compute_dtype")),
+              (_M, ("model", "model_config", "params_dtype"))]
+FLAG_KEYS = [(_R, ("parallel_config", "use_seq_parallel")), (_R, ("parallel_config", "vocab_emb_dp")),
+             (_R, ("parallel", "parallel_optimizer_config", "gradient_accumulation_shard")),
+             (_R, ("model", "model_config", "use_flash_attention")), (_P, ("parallelism", "sequence_parallel")),
+             (_M, ("model", "model_config", "tie_word_embeddings")), (_M, ("model", "model_config", "attention_bias"))]
+
+
+@pytest.mark.parametrize("seed, path", DTYPE_KEYS, ids=[".".join(p) for _, p in DTYPE_KEYS])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), {}, "", "float8", 16],
+                         ids=["inf", "nan", "empty-dict", "empty-str", "float8", "16"])
+def test_a_dtype_mindformers_cannot_convert_is_refused(seed, path, value, tmp_path, capsys):
+    """A 1,000-mutation sweep of the fixture YAMLs (2026-12-05) found param_init_type: inf and compute_dtype: nan
+    taken as float32 and priced: mindformers' convert_mstype raises KeyError on them."""
+    err = _err(mutated(seed, path, value), tmp_path, capsys, "--no-search")
+    assert err.startswith(f"doctor: error: {'.'.join(path)}=") and "convert_mstype" in err, err
+
+
+@pytest.mark.parametrize("seed, path", DTYPE_KEYS[:2], ids=[".".join(p) for _, p in DTYPE_KEYS[:2]])
+@pytest.mark.parametrize("value, dtype", [("Float16", "float16"), ("BF16", "bfloat16"), ("fp32", "float32")])
+def test_a_dtype_in_another_case_or_short_name_is_read(seed, path, value, dtype):
+    from mshelpers.doctor import read_config
+    lay = read_config(mutated(seed, path, value)).layout
+    assert (lay.param_bytes == (4 if dtype == "float32" else 2)) if path[-1] == "param_init_type" \
+        else lay.compute_dtype == dtype
+
+
+@pytest.mark.parametrize("seed, path", FLAG_KEYS, ids=[".".join(p) for _, p in FLAG_KEYS])
+@pytest.mark.parametrize("value", ["58GBB", float("nan"), {}, 1, "True"], ids=["58GBB", "nan", "empty-dict", "1", "str-True"])
+def test_a_switch_that_is_not_a_bool_is_refused(seed, path, value, tmp_path, capsys):
+    """The same sweep: use_seq_parallel: {} and gradient_accumulation_shard: '58GBB' were read as True and priced
+    (Validator.check_bool refuses them in mindformers)."""
+    err = _err(mutated(seed, path, value), tmp_path, capsys, "--no-search")
+    assert err.startswith(f"doctor: error: {'.'.join(path)}=") and "True or False" in err, err
+
+
 NULL_SECTIONS = [(s, k) for s in (_R, _M, _P) for k in PARSED[s]
                  if k in READ_SECTIONS and isinstance(PARSED[s][k], dict)]
 
