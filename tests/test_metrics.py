@@ -579,3 +579,88 @@ def test_metrics_csv_deleted_mid_run_is_recreated_from_memory(tmp_path, capsys):
     csv.unlink()                                   # after the last write: caught when the file is closed
     m.close(rows)
     assert csv.read_text() == "step,loss\n1,1.0\n2,0.5\n3,0.3333333333333333\n4,0.25\n"
+
+
+def test_keep_upto_repairs_each_kind_of_damage_says_each_and_keeps_reading(tmp_path):
+    """Every repair a resume makes, in one file: a row with too many cells, a row whose step is not a number
+    (each followed by good rows, which are kept), bytes that are not UTF-8, and a torn last line; each note
+    quotes the first 40 characters of its line. Steps 1 and 4 are missing and the note names the first."""
+    csv = tmp_path / "metrics.csv"
+    long = "9" * 60
+    csv.write_bytes(b"step,loss\n2,4.0\n" + f"3,{long},extra\n".encode() + f"x{long},3.5\n".encode()
+                    + b"3,\xff\n" + f"5,{long}".encode())
+    rows, note = MetricsCSV(csv, ["step", "loss"]).keep_upto(5)
+    assert [(r["step"], r["loss"]) for r in rows] == [(2, 4.0), (3, "\ufffd")]
+    assert note == "; ".join([
+        f"dropped a torn last line ({('5,' + long)[:40]!r}...)",
+        f"dropped a malformed line ({('3,' + long + ',extra')[:40]!r})",
+        f"dropped a line without a step ({('x' + long + ',3.5')[:40]!r})",
+        "metrics.csv has no rows for 3 of steps 1..5 (e.g. step 1); those steps ran before the checkpoint and "
+        "are not redone"])
+    assert csv.read_text(encoding="utf-8") == "step,loss\n2,4.0\n3,\ufffd\n"
+
+
+def test_keep_upto_without_a_file_keeps_nothing_and_says_which_steps_are_missing(tmp_path):
+    csv = tmp_path / "run" / "metrics.csv"
+    rows, note = MetricsCSV(csv, ["step", "loss"]).keep_upto(2)
+    assert rows == [] and note == ("metrics.csv has no rows for 2 of steps 1..2 (e.g. step 1); those steps ran "
+                                   "before the checkpoint and are not redone")
+    assert csv.read_text() == "step,loss\n"                      # its folder made, the header written
+    assert [p.name for p in csv.parent.iterdir()] == ["metrics.csv"]   # no temporary file left
+
+
+def test_keep_upto_picks_the_checkpoint_row_among_three_and_skips_a_loss_that_is_not_a_number(tmp_path):
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("step,loss\n1,5.0\n2,4.0\n3,abc\n3,9.9\n3,3.0\n")
+    rows, note = MetricsCSV(csv, ["step", "loss"]).keep_upto(3, loss=3.0)
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 5.0), (2, 4.0), (3, 3.0)]
+    assert note == "kept line 6 for step 3 (its loss matches the checkpoint's), dropped lines 4, 5"
+
+
+def test_keep_upto_with_no_loss_column_keeps_the_first_row_of_the_step(tmp_path):
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("step,lr\n1,0.1\n2,0.2\n")
+    rows, note = MetricsCSV(csv, ["step", "lr"]).keep_upto(2, loss=1.0)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert note == "no row for step 2 has the checkpoint's loss 1.0; kept line 3"
+
+
+def test_keep_upto_re_serialises_an_older_column_set_under_the_current_header(tmp_path):
+    """A file written under other columns (one gone, one new): each kept row is written again under the current
+    header, the gone column dropped and the new one empty."""
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("step,loss,old\n1,5.0,x\n2,4.0,y\n")
+    rows, note = MetricsCSV(csv, ["step", "loss", "lr"]).keep_upto(2)
+    assert note == "" and rows == [{"step": 1, "loss": 5.0, "lr": ""}, {"step": 2, "loss": 4.0, "lr": ""}]
+    assert csv.read_bytes() == b"step,loss,lr\n1,5.0,\n2,4.0,\n"
+
+
+@pytest.mark.parametrize("n_dropped, says", [
+    (1, "dropped 1 row whose step repeats or runs backwards (step 1 at line 3 after step 1), keeping the first of "
+        "each"),
+    (6, "dropped 6 rows whose step repeats or runs backwards (step 1 at line 3 after step 1; step 1 at line 4 "
+        "after step 1; step 1 at line 5 after step 1; step 1 at line 6 after step 1; step 1 at line 7 after step "
+        "1), keeping the first of each")])
+def test_dropped_repeats_are_counted_and_at_most_five_are_listed(n_dropped, says, tmp_path):
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("step,loss\n" + "1,5.0\n" * (1 + n_dropped))
+    rows, note = MetricsCSV(csv, ["step", "loss"]).keep_upto(1)
+    assert len(rows) == 1 and note == says
+
+
+def test_a_file_deleted_before_any_row_is_recreated_empty_and_rows_with_extra_keys_are_kept(tmp_path, capsys):
+    csv = tmp_path / "metrics.csv"
+    m = MetricsCSV(csv, ["step", "loss"])
+    m.start_fresh()
+    m.append({"step": 1, "loss": 1.0, "note": "extra"})       # a key the header does not have: ignored
+    csv.unlink()
+    m.close([])
+    assert csv.read_text() == "step,loss\n"
+    assert capsys.readouterr().err == (f"{csv} disappeared during the run; re-created it from the 0 rows held in "
+                                       "memory (no rows); no row lost\n")
+    m = MetricsCSV(csv, ["step", "loss"])
+    rows = [{"step": 1, "loss": 1.0, "note": "extra"}]
+    m.append(rows[0], rows)
+    csv.unlink()
+    m.close(rows)
+    assert csv.read_text() == "step,loss\n1,1.0\n"
