@@ -449,3 +449,14 @@ def test_out_at_a_regular_file_writes_nothing(under, tmp_path, capsys):
     assert "--out" in err
     assert blocker.read_text() == "keep me\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+def test_a_reader_that_closes_the_pipe_gets_no_traceback():
+    """`python -m mshelpers.doctor X --json | head -c 20` once ended in BrokenPipeError's traceback."""
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-m", "mshelpers.doctor", str(DATA / _R), "--json", "--no-search"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[2])
+    p.stdout.close()            # the reader goes away before the report is written (the import alone takes longer)
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 1 and err == "", err
