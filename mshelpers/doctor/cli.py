@@ -47,7 +47,7 @@ def measured_run(r: dict, log_path: str, *, refit: bool = False, skip: int | Non
     if refit:
         cal = r["calibration"]
         eff = refit_efficiency(cfg, hw, cal, measured)
-        # replace, not a new Calibration: half_width, attention_efficiency, comm_time_factor (and whatever
+        # replace, not a new Calibration: half_width, head_dim_half, attention_efficiency, comm_time_factor (and whatever
         # constant is added later) stay as fitted; only the compute efficiency and the fit set change
         new = replace(cal, compute_efficiency=eff, fitted_on=(str(log_path),))
         again = step_time(cfg, hw, new)["tokens_per_s_per_device"]

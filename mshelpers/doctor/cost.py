@@ -188,8 +188,19 @@ def _stage_params(m: Model, lay: Any, i: int) -> tuple[float, float]:
 
 def _rate(peak: float, calib: Any, width: float) -> float:
     """FLOP/s of matmuls whose per-device width is `width`: compute_efficiency x w / (w + half_width) of the peak
-    (narrow shards feed the cube units worse)."""
+    (narrow shards feed the cube units worse; half_width has no fit point and is 0 as shipped)."""
     return peak * calib.compute_efficiency * width / (width + calib.half_width)
+
+
+REFERENCE_HEAD_DIM = 128     # the head dim of every fit row but one: attention_efficiency is the rate there
+
+
+def head_dim_factor(m: Model, calib: Any) -> float:
+    """The attention kernels' rate at the model's head dim relative to their rate at 128: d / (d + k) over
+    128 / (128 + k), k = head_dim_half, d the contraction of QK^T (MLA: nope + rope). 1 at d = 128 or k = 0."""
+    d = m.q_width / m.heads
+    k = calib.head_dim_half
+    return (d / (d + k)) / (REFERENCE_HEAD_DIM / (REFERENCE_HEAD_DIM + k))
 
 
 def expert_matmul_flops(m: Model, i: int) -> float:
@@ -222,7 +233,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     tokens_micro = lay.batch * lay.interleave * m.seq / lay.cp     # tokens of one micro-batch on one device
     peak = hw.peak(lay.compute_dtype)
     rate = _rate(peak, calib, m.hidden / lay.tp)
-    rate_attn = rate * calib.attention_efficiency
+    rate_attn = rate * calib.attention_efficiency * head_dim_factor(m, calib)
     rate_expert = _rate(peak, calib, m.moe.expert_ffn / lay.tp) if m.moe is not None else rate
     f_comm = calib.comm_time_factor
     act_bytes = tokens_micro * m.hidden * 2

@@ -154,20 +154,26 @@ class Calibration:
                                          # links the group crosses): multiplies every collective, TP, CP, EP,
                                          # P2P and DP alike; < 1 when part overlaps compute
     fitted_on: tuple = ()
-    half_width: float = 0.0              # per-device matmul width at which matmuls reach half their rate
-    attention_efficiency: float = 1.0    # attention's rate relative to the matmuls' (flash attention kernels)
+    half_width: float = 0.0              # per-device matmul width at which matmuls reach half their rate; no fit
+                                         # point (README: the two rows that would set it pull it apart): 0, no effect
+    attention_efficiency: float = 1.0    # attention's rate relative to the matmuls' (flash attention kernels), at
+                                         # head dim 128
+    head_dim_half: float = 0.0           # the attention kernels' rate falls with the head dim d (the contraction of
+                                         # QK^T) as d / (d + head_dim_half), taken relative to d = 128: their vector
+                                         # work per score (max, exp, sum) is the same at any d. 0: no effect
 
     def row(self) -> dict:
         return {"compute_efficiency": round(self.compute_efficiency, 4),
                 "comm_time_factor": round(self.comm_time_factor, 4), "half_width": round(self.half_width, 1),
-                "attention_efficiency": round(self.attention_efficiency, 4), "fitted_on": ", ".join(self.fitted_on)}
+                "attention_efficiency": round(self.attention_efficiency, 4),
+                "head_dim_half": round(self.head_dim_half, 1), "fitted_on": ", ".join(self.fitted_on)}
 
 
 # The values calibration.fit_calibration() returns on the published "fit" rows (tests/doctor/test_api.py re-fits and
 # compares). Kept here, in the vocabulary every room imports, so cost.py needs no import of calibration.py.
 FIT_FILES = tuple(p["file"] for p in PUBLISHED if p["role"] == "fit")
 CALIBRATION = Calibration(compute_efficiency=0.6255, comm_time_factor=2.572, fitted_on=FIT_FILES,
-                          half_width=0.0, attention_efficiency=0.8149)
+                          half_width=0.0, attention_efficiency=0.8149, head_dim_half=721.4)
 
 
 _MODEL_NAMES = {"hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "seq", "flash"}

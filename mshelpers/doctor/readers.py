@@ -349,7 +349,15 @@ def _static(d: dict, dialect: str, budget: Any, model_config: Any) -> Config:
     if seq is None and dialect == "mcore" and not any(merged.get(k) for k in ALIASES["seq"]):
         seq = 4096
         notes.append("no seq_length in the model or the dataset: mindformers' TransformerConfig default 4096 assumed")
+    kv_channels = None
+    if dialect != "mcore" and "glm" not in str(mc.get("type", "")).lower() and "kv_channels" in merged:
+        # in r1.x only ChatGLM2Config reads kv_channels as the head dim (r1.3.0 models/glm2/glm2_transformer.py
+        # l.46); LlamaAttention takes hidden_size // num_heads (llama/llama_transformer.py l.114)
+        kv_channels = merged.pop("kv_channels")
     m = read_model(merged, where=w, dialect=dialect, seq=seq, nulls={k for k, v in mc.items() if v is None})
+    if kv_channels is not None and kv_channels != m.head_dim:
+        notes.append(f"{w}.kv_channels={kv_channels} is not read by {mc.get('type', 'this config class')}: head dim "
+                     f"hidden_size / heads = {m.head_dim} (r1.3.0 models/llama/llama_transformer.py l.114)")
     pc = _section(d, "parallel_config")
     dp, tp, pp, micro, ep, cp = (_setting(pc, k, f"parallel_config.{k}") for k in (
         "data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num", "expert_parallel", "context_parallel"))

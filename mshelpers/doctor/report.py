@@ -195,8 +195,11 @@ def render_text(r: dict) -> str:
                      f"{row['memory_GiB']} | {_short(row['changes'], 8)} |")
         L.append("")
     L += ["## Where the figures come from", "",
-          f"- calibration: compute efficiency {cal.compute_efficiency:.4f} of peak at wide shards, halved at a per-device "
-          f"width h/tp of {cal.half_width:.0f}; attention at {cal.attention_efficiency:.2f} of the matmul rate; comm time "
+          f"- calibration: compute efficiency {cal.compute_efficiency:.4f} of peak"
+          + (f", halved at a per-device width h/tp of {cal.half_width:.0f}" if cal.half_width else "") + "; attention at "
+          f"{cal.attention_efficiency:.2f} of the matmul rate at head dim 128, scaled by d / (d + "
+          f"{cal.head_dim_half:.0f}) relative to 128 (the kernels' vector work per score is the same at any head dim "
+          f"d); comm time "
           f"factor {cal.comm_time_factor:.3f} (exposed collective time / datasheet link time); "
           f"fitted on {', '.join(cal.fitted_on) or 'nothing'} only (see `calibration_table`)"]
     L += [f"- {k}: {v}" for k, v in hw.sources.items()]
@@ -220,7 +223,7 @@ def _log_section(lg: dict) -> list[str]:
     if lg.get("refit"):
         rf = lg["refit"]
         c = rf.get("calibration", {})
-        kept = (f"; kept: comm time factor {c['comm_time_factor']}, half width {c['half_width']}, attention "
+        kept = (f"; kept: comm time factor {c['comm_time_factor']}, half width {c['half_width']}, head-dim half point {c['head_dim_half']}, attention "
                 f"{c['attention_efficiency']}" if c else "")
         L += [f"Re-fitted on this run (the fit set: {lg['path']}): compute efficiency {rf['compute_efficiency']:.4f} "
               f"(was {rf['was']:.4f}){kept}. The refitted model predicts "

@@ -20,12 +20,12 @@ def table():
     return D.calibration_table(str(DATA))
 
 
-def test_the_stored_calibration_is_what_the_three_fit_points_give():
+def test_the_stored_calibration_is_what_the_four_fit_points_give():
     fit = D.fit_calibration(str(DATA))
     assert fit.fitted_on == D.FIT_POINTS == tuple(p["file"] for p in D.PUBLISHED if p["role"] == "fit")
-    assert len(fit.fitted_on) == 3 and len({D.family_of(p) for p in D.PUBLISHED if p["role"] == "fit"}) == 3
+    assert len(fit.fitted_on) == 4 and len({D.family_of(p) for p in D.PUBLISHED if p["role"] == "fit"}) == 4
     assert D.CALIBRATION.half_width == 0.0          # no fit row for the width term: it has no effect
-    for k in ("compute_efficiency", "comm_time_factor", "half_width", "attention_efficiency"):
+    for k in ("compute_efficiency", "comm_time_factor", "half_width", "attention_efficiency", "head_dim_half"):
         assert getattr(fit, k) == pytest.approx(getattr(D.CALIBRATION, k), rel=1e-3), k
 
 
@@ -33,7 +33,7 @@ def test_error_on_published_figures_not_used_for_fitting(table):
     assert len(table) == len(D.PUBLISHED) >= 90
     checked = [r for r in table if r["role"] == "check"]
     fitted = {(r["config"], r["hardware"], r["published"]) for r in table if r["role"] == "fit"}
-    assert {c for c, _, _ in fitted} == set(D.FIT_POINTS) and len(fitted) == 3
+    assert {c for c, _, _ in fitted} == set(D.FIT_POINTS) and len(fitted) == 4
     assert len(checked) >= 80 and not {(r["config"], r["hardware"], r["published"]) for r in checked} & fitted
     assert len({r["family"] for r in checked}) >= 15
     errs = [abs(r["predicted"] / r["published"] - 1) for r in checked]      # from the data, not the stored field
@@ -338,3 +338,13 @@ def test_cpu_check_bad_times_are_one_line(times, tol, field):
     with pytest.raises(D.DoctorError) as e:
         D.cpu_check(times, {"single": hw, "2 ranks": hw}, tolerance=tol)
     assert e.value.field == field and "\n" not in str(e.value) and "fix:" in str(e.value)
+
+
+def test_the_head_dim_term_is_checked_on_the_head_dim_64_row_it_was_not_fitted_on(table):
+    """Fitted on Qwen2-0.5B (head dim 64, seq 32768); checked on Qwen1.5-0.5B (head dim 64, seq 8192), the only
+    other head-dim-64 row: +59 % without the term (head dim read right), within 15 % with it."""
+    import dataclasses
+    row = next(r for r in table if r["config"] == "r1.3.0_finetune_qwen1_5_05b.yaml")
+    assert row["role"] == "check" and abs(row["error"]) < 0.15
+    flat = D.calibration_table(str(DATA), calib=dataclasses.replace(D.CALIBRATION, head_dim_half=0.0))
+    assert next(r for r in flat if r["config"] == row["config"])["error"] > 0.5

@@ -295,3 +295,17 @@ def test_gradient_accumulation_under_a_pipeline_is_reset_to_1_as_mindformers_doe
     c = D.read_config(DATA / "r1.3.0_finetune_qwen1_5_4b.yaml")
     assert c.layout.pp == 2 and c.layout.grad_accum == 1 and c.layout.global_batch == c.layout.batch * c.dp * c.micro
     assert any("gradient_accumulation_steps=8 with pipeline_stage=2" in n for n in c.notes)
+
+
+def test_kv_channels_is_the_head_dim_only_where_mindformers_reads_it():
+    """r1.3.0's Qwen1.5-0.5B YAML carries kv_channels: 16 under LlamaConfig, which has no such key (LlamaAttention:
+    head_dim = hidden_size // num_heads, r1.3.0 models/llama/llama_transformer.py l.114): the head dim is 64, and
+    the reader says it left the key. ChatGLM2Config does read it (glm2_transformer.py l.46)."""
+    cfg = D.read_config(DATA / "r1.3.0_finetune_qwen1_5_05b.yaml")
+    assert cfg.model.head_dim == 1024 // 16 == 64
+    assert ("model.model_config.kv_channels=16 is not read by LlamaConfig: head dim hidden_size / heads = 64 "
+            "(r1.3.0 models/llama/llama_transformer.py l.114)") in cfg.notes
+    assert not any("kv_channels" in n for n in D.read_config(DATA / "r1.3.0_finetune_qwen1_5_1_8b.yaml").notes)
+    glm = yaml.safe_load((DATA / "r1.3.0_finetune_glm32k.yaml").read_text())
+    glm["model"]["model_config"]["kv_channels"] = 64
+    assert D.read_config(glm).model.head_dim == 64

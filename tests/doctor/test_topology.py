@@ -113,3 +113,22 @@ def test_smallest_fitting_scale_refuses_a_bad_limit():
     with pytest.raises(D.DoctorError) as e:
         D.smallest_fitting_scale(cfg, A2, max_devices=0)
     assert e.value.field == "max_devices"
+
+
+def test_attention_slows_with_a_smaller_head_dim_as_the_fit_says():
+    """head_dim_factor: 1 at head dim 128 or with no head-dim term; at 64, (64 / (64 + k)) / (128 / (128 + k));
+    MLA by its QK^T contraction (nope + rope = 192 for DeepSeek-V2)."""
+    k = D.CALIBRATION.head_dim_half
+    assert k > 0
+    f = D.cost.head_dim_factor
+    llama = D.read_config(DATA / "r1.2.0_pretrain_llama2_7b.yaml").model
+    small = D.read_config(DATA / "r1.3.0_finetune_qwen2_0.5b_32k.yaml").model
+    mla = D.read_config(DATA / "r1.3.0_finetune_deepseek2_236B.yaml").model
+    assert f(llama, D.CALIBRATION) == pytest.approx(1.0, abs=1e-12)
+    assert f(small, dataclasses.replace(D.CALIBRATION, head_dim_half=0.0)) == 1.0
+    assert f(small, D.CALIBRATION) == pytest.approx((64 / (64 + k)) / (128 / (128 + k)))
+    assert f(mla, D.CALIBRATION) == pytest.approx((192 / (192 + k)) / (128 / (128 + k)))
+    cfg = D.read_config(DATA / "r1.3.0_finetune_qwen2_0.5b_32k.yaml")
+    with_term = D.step_time(cfg, A2)["compute_s"]
+    without = D.step_time(cfg, A2, dataclasses.replace(D.CALIBRATION, head_dim_half=0.0))["compute_s"]
+    assert with_term > 1.3 * without                    # seq 32768: attention is most of this model's FLOPs
