@@ -888,3 +888,45 @@ def test_the_peak_cache_is_written_readable_by_all_and_a_failed_write_leaves_no_
         peak._write_peak_cache(path, "c", {"flops": 3.0})
     assert sorted(p.name for p in path.parent.iterdir()) == ["peak.json"]     # the temp file removed, nothing lost
     assert json.loads(path.read_text()) == {"a": {"flops": 1.0}, "b": {"flops": 2.0}}
+
+
+def test_the_load_rule_at_its_edges():
+    """Exactly 20 % of a core together is not loaded ("more than"); exactly three busy processes are all named,
+    with no "and 0 more"."""
+    at_edge = [{"name": "a", "pid": 1, "core_share": 0.1}, {"name": "b", "pid": 2, "core_share": 0.1}]
+    assert sum(r["core_share"] for r in at_edge) == peak.PEAK_BUSY_SHARE
+    assert peak._load_reasons("before", {"load_1min": None, "competing": at_edge}, 2, 2) == []
+    three = [{"name": f"p{i}", "pid": i, "core_share": 0.1} for i in range(3)]
+    assert peak._load_reasons("after", {"load_1min": None, "competing": three}, 2, 2) == [
+        "after: p0 (pid 0) at 10% of a core, p1 (pid 1) at 10% of a core, p2 (pid 2) at 10% of a core"]
+
+
+def test_max_clock_takes_the_listed_clock_when_the_measured_one_only_equals_it(monkeypatch):
+    import io
+    monkeypatch.setattr(peak, "open", lambda p, *a, **k: io.StringIO("cpu MHz\t\t: 3100.0\n"), raising=False)
+    monkeypatch.setattr(peak, "Path", _FakePath(OSError("no cpufreq")))
+    monkeypatch.setattr(peak, "_cached_clock_mhz", lambda: 3100.0)
+    assert peak.max_clock_mhz() == (3100.0, "/proc/cpuinfo cpu MHz")
+
+
+def test_reading_the_cache_for_a_clock_or_a_record_says_nothing_about_a_damaged_file(tmp_path, monkeypatch):
+    """Only peak_flops(), which measures again, names an unreadable cache; the readers beside it stay quiet
+    (they are called from max_clock_mhz and every MFU)."""
+    import warnings
+    cache = tmp_path / "peak.json"
+    cache.write_text("{not json")
+    monkeypatch.setenv("MSHELPERS_PEAK_CACHE", str(cache))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert peak._cached_clock_mhz() is None
+        assert peak.peak_flops_record() is None
+    assert [str(w.message) for w in caught] == []
+
+
+def test_the_cache_is_written_through_a_temp_file_beside_it_not_in_the_system_temp_folder(tmp_path, monkeypatch):
+    """A rename is atomic only within one file system: the temp file goes next to the cache."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no such folder"))
+    path = tmp_path / "cache" / "peak.json"
+    peak._write_peak_cache(path, "a", {"flops": 1.0})
+    assert json.loads(path.read_text()) == {"a": {"flops": 1.0}}
