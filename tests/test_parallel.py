@@ -578,3 +578,57 @@ def test_two_rank_tensor_parallel_block_matches_one_device(tmp_path):
         # the naive MLP all-gathers the b·s·ffn/tp activation instead of all-reducing b·s·h
         gathers = [c for c in res["naive_mlp"]["collectives_one_forward"] if c[0] == "AllGather"]
         assert gathers[0][3] == dims["batch"] * dims["seq"] * dims["ffn"] // 2 * 4
+
+
+# ---------------------------------------------------------------- the wrappers' own arguments (mutation run, 2026-12-05)
+MF = DATA7.parent
+
+
+def test_estimate_step_time_prices_a_plain_layout_object_as_make_layout_would():
+    """Any object with dp, mp, pp and micro_batches (no .config): priced on those four, the micro-batches too."""
+    hw = Hardware.reference("ascend-910b")
+    made = estimate_step_time(L7, make_layout(L7, 2, 2, 2, 4, global_batch=16, seq_len=1024), hw)
+    plain = estimate_step_time(L7, _NS(dp=2, mp=2, pp=2, micro_batches=4), hw, global_batch=16, seq_len=1024)
+    assert plain == made
+    more = estimate_step_time(L7, _NS(dp=2, mp=2, pp=2, micro_batches=8), hw, global_batch=16, seq_len=1024)
+    assert more["micro_batches"] == 8 and more["bubble_s"] < plain["bubble_s"]
+
+
+def test_estimate_step_time_refuses_a_hardware_that_is_not_a_profile_in_one_line():
+    lay = make_layout(MINI, 1, 1, 1, global_batch=8)
+    assert refused(lambda: estimate_step_time(MINI, lay, "ascend-910b")) == (
+        "estimate_step_time: hardware=str; fix: pass a hardware.Hardware (Hardware.reference('ascend-910b'), "
+        "Hardware.from_measurement(...))")
+
+
+@pytest.mark.parametrize("name, term", [("r1.3.0_finetune_deepseek2_236B.yaml", "ep_s"),
+                                        ("spellings/qwen3_32b_dp1_cp2_parallel_optimizer.yaml", "cp_s"),
+                                        ("pretrain_llama2_7b.yaml", "dp_s")])
+def test_comm_share_counts_every_communication_term(name, term):
+    hw = Hardware.reference("ascend-910b")
+    st = estimate_step_time(str(MF / name), make_layout(str(MF / name), hardware=hw), hw)
+    assert st[term] > 0
+    comm = sum(st[k] for k in ("tp_s", "ep_s", "cp_s", "p2p_s", "dp_s"))
+    assert st["comm_share"] == pytest.approx(comm / st["step_s"], rel=1e-12)
+
+
+def test_communication_bytes_uses_the_sequence_asked_for():
+    c = communication_bytes(MINI, 1, 2, 1, global_batch=8, seq_len=64)
+    assert c["tp_buffer_bytes"] == tp_allreduce_buffer_bytes(8, 64, 256) == 8 * 64 * 256 * 2
+    assert communication_bytes(MINI, 1, 2, 1, global_batch=8)["tp_buffer_bytes"] == 8 * MINI.seq_len * 256 * 2
+
+
+@pytest.mark.parametrize("i, name", enumerate(["dp", "mp", "pp", "micro_batches"]))
+def test_a_file_on_other_degrees_names_each_bad_count(i, name):
+    args = [4, 2, 1, 8]
+    args[i] = -1
+    assert refused(lambda: make_layout(str(DATA7), *args)) == (
+        f"make_layout: {name}=-1 is invalid; fix: pass a positive integer")
+
+
+def test_a_file_on_other_degrees_is_validated_with_its_micro_batches_and_all_its_devices():
+    """The file's global batch of 64 on dp 4 with 3 micro-batches does not divide; dp 2 x mp 2 x pp 2 (8 devices,
+    4 micro-batches) does, and is priced on 8 devices."""
+    assert "dp*micro_batches" in refused(lambda: make_layout(str(DATA7), 4, 2, 1, 3))
+    lay = make_layout(str(DATA7), 2, 2, 2, 4)
+    assert (lay.dp, lay.mp, lay.pp, lay.micro_batches, lay.config.layout.devices) == (2, 2, 2, 4, 8)
