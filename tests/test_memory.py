@@ -832,3 +832,26 @@ def test_a_missing_model_field_is_refused_in_one_line_naming_it(key):
         estimate_from_mindformers_yaml(d)
     text = str(err.value)
     assert "\n" not in text and key in text and "fix:" in text
+
+
+def test_estimate_from_a_yaml_returns_the_layout_and_config_the_doctor_read():
+    """Every field beside the breakdown, on a pipeline layout (70B on 32 cards: pp > 1, a stage that is not 0)."""
+    e = estimate_from_mindformers_yaml(CFG_70B)
+    cfg = D.read_config(CFG_70B)
+    mem, lay = D.memory_per_stage(cfg), cfg.layout
+    assert lay.pp > 1 and e["config"] == cfg
+    assert (e["stage"], e["per_stage_totals"], e["total"]) == (mem["stage"], list(mem["per_stage_bytes"]),
+                                                               mem["memory_per_device_bytes"])
+    assert (e["dp"], e["tp"], e["pp"], e["micro_batch_num"], e["micro_batch"], e["grad_accum_steps"],
+            e["parallel_optimizer"], e["devices"]) == (lay.dp, lay.tp, lay.pp, lay.micro, lay.batch, lay.grad_accum,
+                                                       lay.parallel_optimizer, lay.devices)
+    assert e["layout"] == f"dp{lay.dp}-mp{lay.tp}-pp{lay.pp}" and e["source"] == str(CFG_70B)
+
+
+def test_estimate_from_a_yaml_reads_the_model_config_it_is_given():
+    """An mcore file leaves the model's keys to pretrained_model_dir: the config.json passed is the one read."""
+    yml = DATA / "2.1.0" / "qwen3" / "pretrain_qwen3_32b_4k.yaml"
+    hf = DATA / "hf" / "Qwen3-32B"
+    e = estimate_from_mindformers_yaml(yml, model_config=hf)
+    want = D.memory_per_stage(D.read_config(yml, model_config=hf))["memory_per_device_bytes"]
+    assert e["total"] == want and e["config"].model_config is not None
