@@ -632,3 +632,112 @@ def test_a_file_on_other_degrees_is_validated_with_its_micro_batches_and_all_its
     assert "dp*micro_batches" in refused(lambda: make_layout(str(DATA7), 4, 2, 1, 3))
     lay = make_layout(str(DATA7), 2, 2, 2, 4)
     assert (lay.dp, lay.mp, lay.pp, lay.micro_batches, lay.config.layout.devices) == (2, 2, 2, 4, 8)
+
+
+def _doctors_layout(cfg, schedule, v, order="standard", fits_known=True):
+    """What make_layout must return for a doctor Config, worked from the doctor's own functions."""
+    from mshelpers.doctor import adapt
+    lay, mem, t = cfg.layout, D.memory_per_stage(cfg), adapt.traffic_bytes(cfg)
+    totals, parts = list(mem["per_stage_bytes"]), [dict(p) for p in mem["per_stage_breakdown"]]
+    if lay.pp > 1 and (schedule == "gpipe" or (schedule == "interleaved" and order == "memory")):
+        held = pipeline.pipeline_in_flight(lay.pp, lay.micro, schedule, v, interleaved_order=order)
+        for i in range(lay.pp):
+            act = adapt.stage_activations(cfg, i)
+            extra = math.ceil((held[i] - act["in_flight"]) * act["per_micro_batch"])
+            totals[i] += extra
+            parts[i]["activations"] += extra
+    s = max(range(lay.pp), key=lambda k: totals[k])
+    p = parts[s]
+    return dict(dp=lay.dp, mp=lay.tp, pp=lay.pp, micro_batches=lay.n_micro, micro_batch_size=lay.batch,
+                memory_per_device_bytes=totals[s], comm_bytes_per_step=round(t["total"]),
+                bubble_fraction=pipeline_bubble_fraction(lay.pp, lay.n_micro, v if lay.pp > 1 else 1),
+                comm_dp_bytes=round(t["dp"]), comm_tp_bytes=round(t["tp"]), comm_pp_bytes=round(t["pp"]),
+                model_state_bytes=p["params"] + p["grads"] + p["optimizer_states"] + p["grad_accum_buffer"],
+                activation_bytes=p["activations"], fits=totals[s] <= cfg.budget_bytes if fits_known else None,
+                schedule=schedule if lay.pp > 1 else "1f1b", virtual_stages=v if lay.pp > 1 else 1,
+                interleaved_order=order, cp=lay.cp, ep=lay.ep, comm_ep_bytes=round(t["ep"]),
+                comm_cp_bytes=round(t["cp"]))
+
+
+@pytest.mark.parametrize("name", ["r1.3.0_finetune_deepseek2_236B.yaml",            # MoE: ep 4, pp
+                                  "spellings/qwen3_32b_dp1_cp2_parallel_optimizer.yaml",  # cp 2
+                                  "r1.6.0_finetune_telechat_115b.yaml"])                  # interleaved: vpp 3
+def test_a_files_layout_carries_every_figure_the_doctor_gives_it(name):
+    lay = make_layout(str(MF / name))
+    cfg = D.read_config(str(MF / name))
+    v = cfg.layout.vpp
+    want = _doctors_layout(cfg, "interleaved" if v > 1 else "1f1b", v)
+    assert {k: getattr(lay, k) for k in want} == want
+    assert lay.config == cfg and (lay.ep > 1 or lay.cp > 1 or lay.virtual_stages == 3)
+
+
+@pytest.mark.parametrize("schedule, v, order", [("gpipe", 1, "standard"), ("interleaved", 2, "memory"),
+                                                ("interleaved", 2, "standard")])
+def test_a_schedule_that_holds_more_micro_batches_adds_their_activations(schedule, v, order):
+    lay = make_layout(L7, 1, 1, 2, 8, global_batch=8, seq_len=512, schedule=schedule, virtual_stages=v,
+                      interleaved_order=order, memory_budget_bytes=64 * 2**30)
+    want = _doctors_layout(lay.config, schedule, v, order)
+    assert {k: getattr(lay, k) for k in want} == want
+    base = make_layout(L7, 1, 1, 2, 8, global_batch=8, seq_len=512, memory_budget_bytes=64 * 2**30)
+    if schedule == "gpipe":                     # GPipe holds every micro-batch of the step at once
+        assert lay.activation_bytes > base.activation_bytes
+
+
+def test_a_file_without_a_budget_is_held_against_the_hardwares_memory():
+    d = __import__("yaml").safe_load(DATA7.read_text())
+    del d["context"]["max_device_memory"]
+    assert make_layout(d).config.budget_bytes == Hardware.reference("ascend-910b").memory_bytes
+    small = dataclasses.replace(Hardware.reference("ascend-910b"), memory_bytes=16 * 2**30)
+    lay = make_layout(d, hardware=small)
+    assert lay.config.budget_bytes == 16 * 2**30 and lay.fits is False and lay.step_time is not None
+    assert make_layout(d, memory_budget_bytes=2**40).config.budget_bytes == 2**40
+
+
+def test_a_parsed_2x_file_is_a_file_and_a_dict_that_is_neither_is_a_config_that_is_not_ours():
+    pyn = __import__("yaml").safe_load((MF / "2.1.0" / "deepseek3" / "pretrain_deepseek3_1b_8p_pynative.yaml").read_text())
+    assert "training" in pyn and "model" in pyn and make_layout(pyn).config.dialect == "pynative"
+    # a dict with either key is a file, read by the doctor (which names what it lacks), not a RunConfig
+    assert refused(lambda: make_layout({"training": pyn["training"]})).startswith("model.hidden_size=None; fix:")
+    assert not refused(lambda: make_layout({"model": {}})).startswith("make_layout: dp=None")
+    assert refused(lambda: make_layout({"nothing": 1})) == (
+        "make_layout: dp=None with a RunConfig; fix: pass dp, mp, pp and global_batch (or a mindformers YAML to "
+        "price its own layout)")
+
+
+def test_an_mcore_file_is_read_with_the_config_json_given():
+    yml, hf = MF / "2.1.0" / "qwen3" / "pretrain_qwen3_32b_4k.yaml", MF / "hf" / "Qwen3-32B"
+    assert make_layout(str(yml), model_config=hf).config == D.read_config(str(yml), model_config=hf)
+
+
+@pytest.mark.parametrize("name", ["dp", "mp", "pp", "global_batch"])
+def test_a_runconfig_without_a_degree_names_it(name):
+    kw = dict(dp=8, mp=1, pp=1, global_batch=64)
+    kw[name] = None
+    assert refused(lambda: make_layout(L7, **kw)) == (
+        f"make_layout: {name}=None with a RunConfig; fix: pass dp, mp, pp and global_batch (or a mindformers "
+        "YAML to price its own layout)")
+
+
+@pytest.mark.parametrize("knob, value", [("sequence_parallel", True), ("seq_len", 128), ("schedule", "gpipe"),
+                                         ("virtual_stages", 2), ("flash_attention", True), ("zero_stage", 2)])
+def test_a_file_refuses_each_knob_it_sets_itself(knob, value):
+    assert refused(lambda: make_layout(str(DATA7), **{knob: value})) == (
+        f"make_layout: {knob}={value!r} with a mindformers config; fix: set it in the file (the planner varies "
+        "only dp, mp, pp and the micro-batches of a file)")
+
+
+def test_a_runconfig_with_a_budget_says_whether_it_fits():
+    assert make_layout(MINI, 1, 1, 1, global_batch=8, memory_budget_bytes=1).fits is False
+    assert make_layout(MINI, 1, 1, 1, global_batch=8, memory_budget_bytes=2**40).fits is True
+    assert make_layout(MINI, 1, 1, 1, global_batch=8).fits is None
+
+
+def test_interleaving_needs_pp_times_v_to_divide_the_layers():
+    """pp 16 x v 4 = 64 does not divide Llama 2 7B's 32 layers (pp / v = 4 would)."""
+    assert "needs pp > 1 and pp*virtual_stages dividing num_layers=32" in refused(
+        lambda: make_layout(L7, 1, 1, 16, 16, global_batch=16, schedule="interleaved", virtual_stages=4))
+
+
+def test_a_files_micro_batches_default_to_its_own_on_its_own_degrees_else_to_pp():
+    assert make_layout(str(DATA7), 8, 1, 1).micro_batches == 8          # the file's own 8
+    assert make_layout(str(DATA7), 4, 1, 2).micro_batches == 2          # new degrees: one per stage
