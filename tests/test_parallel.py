@@ -741,3 +741,44 @@ def test_interleaving_needs_pp_times_v_to_divide_the_layers():
 def test_a_files_micro_batches_default_to_its_own_on_its_own_degrees_else_to_pp():
     assert make_layout(str(DATA7), 8, 1, 1).micro_batches == 8          # the file's own 8
     assert make_layout(str(DATA7), 4, 1, 2).micro_batches == 2          # new degrees: one per stage
+
+
+def test_the_planner_on_a_file_takes_its_budget_config_json_and_hardware():
+    hw = Hardware.reference("ascend-910b")
+    assert not any(p.fits for p in plan_parallel_layout(str(DATA7), memory_budget_bytes=1))
+    assert all(p.step_time is not None for p in plan_parallel_layout(str(DATA7), hardware=hw, micro_batches=[8]))
+    small = dataclasses.replace(hw, memory_bytes=2**20)
+    d = __import__("yaml").safe_load(DATA7.read_text())
+    del d["context"]["max_device_memory"]
+    assert not any(p.fits for p in plan_parallel_layout(d, hardware=small, micro_batches=[8]))
+    yml, hf = MF / "2.1.0" / "qwen3" / "pretrain_qwen3_32b_4k.yaml", MF / "hf" / "Qwen3-32B"
+    plans = plan_parallel_layout(str(yml), model_config=hf, micro_batches=[1])
+    assert plans and all(p.config.model == D.read_config(str(yml), model_config=hf).model for p in plans)
+
+
+@pytest.mark.parametrize("name", ["n_devices", "global_batch"])
+def test_the_planner_on_a_runconfig_names_what_it_lacks(name):
+    kw = dict(n_devices=8, global_batch=8)
+    kw[name] = None
+    assert refused(lambda: plan_parallel_layout(L7, **kw)) == (
+        f"plan_parallel_layout: {name}=None with a RunConfig; fix: pass {name}")
+
+
+@pytest.mark.parametrize("knob, value", [("sequence_parallel", True), ("seq_len", 128), ("schedule", "gpipe"),
+                                         ("virtual_stages", 2), ("zero_stage", 1)])
+def test_the_planner_on_a_file_refuses_each_knob_it_sets_itself(knob, value):
+    assert refused(lambda: plan_parallel_layout(str(DATA7), **{knob: value})) == (
+        f"plan_parallel_layout: {knob}={value!r} with a mindformers config; fix: set it in the file (the planner "
+        "varies only dp, mp, pp and the micro-batches of a file)")
+
+
+def test_the_planner_on_a_file_keeps_its_global_batch():
+    assert refused(lambda: plan_parallel_layout(str(DATA7), global_batch=8)) == (
+        "plan_parallel_layout: global_batch=8 but the file trains on 64; fix: omit global_batch (the file's is kept)")
+    assert plan_parallel_layout(str(DATA7), global_batch=64, micro_batches=[8])
+
+
+def test_a_layout_fits_when_it_needs_exactly_the_budget():
+    need = make_layout(MINI, 1, 1, 1, global_batch=8, memory_budget_bytes=2**40).memory_per_device_bytes
+    assert make_layout(MINI, 1, 1, 1, global_batch=8, memory_budget_bytes=need).fits is True
+    assert make_layout(MINI, 1, 1, 1, global_batch=8, memory_budget_bytes=need - 1).fits is False
