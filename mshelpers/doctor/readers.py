@@ -356,8 +356,8 @@ def _static(d: dict, dialect: str, budget: Any, model_config: Any) -> Config:
         kv_channels = merged.pop("kv_channels")
     m = read_model(merged, where=w, dialect=dialect, seq=seq, nulls={k for k, v in mc.items() if v is None})
     if kv_channels is not None and kv_channels != m.head_dim:
-        notes.append(f"{w}.kv_channels={kv_channels} is not read by {mc.get('type', 'this config class')}: head dim "
-                     f"hidden_size / heads = {m.head_dim} (r1.3.0 models/llama/llama_transformer.py l.114)")
+        notes.append(f"{w}.kv_channels={kv_channels} is not read by {mc.get('type', 'this config class')} (in r1.x "
+                     f"only ChatGLM2Config reads it): head dim hidden_size / heads = {m.head_dim}")
     pc = _section(d, "parallel_config")
     dp, tp, pp, micro, ep, cp = (_setting(pc, k, f"parallel_config.{k}") for k in (
         "data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num", "expert_parallel", "context_parallel"))

@@ -223,8 +223,8 @@ def _log_section(lg: dict) -> list[str]:
     if lg.get("refit"):
         rf = lg["refit"]
         c = rf.get("calibration", {})
-        kept = (f"; kept: comm time factor {c['comm_time_factor']}, half width {c['half_width']}, head-dim half point {c['head_dim_half']}, attention "
-                f"{c['attention_efficiency']}" if c else "")
+        kept = (f"; kept: comm time factor {c['comm_time_factor']}, half width {c['half_width']}, head-dim half "
+                f"point {c['head_dim_half']}, attention {c['attention_efficiency']}" if c else "")
         L += [f"Re-fitted on this run (the fit set: {lg['path']}): compute efficiency {rf['compute_efficiency']:.4f} "
               f"(was {rf['was']:.4f}){kept}. The refitted model predicts "
               f"{rf['predicted_tokens_per_s_per_device']:.0f} tokens/s/p for this run ({rf['error']:+.2%}). "
