@@ -168,7 +168,7 @@ def transformer_param_count(cfg: Any, *, mlp: str | None = None, tie_word_embedd
 # --- model states ---
 def model_state_breakdown(n_params: int, *, zero_stage: int = 0, dp: int = 1,
                           accounting: str | tuple[int, int, int] = "mixed",
-                          parallel_optimizer: bool = False) -> dict[str, int]:
+                          parallel_optimizer: bool = False, _fn: str = "model_state_breakdown") -> dict[str, int]:
     """Bytes per device for parameters, gradients and optimizer states under Adam.
 
     `accounting` picks the bytes per parameter (params, grads, optimizer states):
@@ -198,17 +198,17 @@ def model_state_breakdown(n_params: int, *, zero_stage: int = 0, dp: int = 1,
 
     Taught in notebooks/06_recompute_memory.ipynb.
     """
-    n_params = _pos_count("model_state_bytes", "n_params", n_params)
+    n_params = _pos_count(_fn, "n_params", n_params)
     if zero_stage not in ZERO_STAGES:
-        raise ValueError(f"model_state_bytes: zero_stage={zero_stage!r} is invalid; fix: use one of {ZERO_STAGES}")
-    dp = _pos_count("model_state_bytes", "dp", dp)
+        raise ValueError(f"{_fn}: zero_stage={zero_stage!r} is invalid; fix: use one of {ZERO_STAGES}")
+    dp = _pos_count(_fn, "dp", dp)
     if isinstance(accounting, tuple) and len(accounting) == 3 and all(
             isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in accounting):
         p_b, g_b, o_b = accounting
     elif isinstance(accounting, str) and accounting in ACCOUNTINGS:
         p_b, g_b, o_b = ACCOUNTINGS[accounting]
     else:
-        raise ValueError(f"model_state_bytes: accounting={accounting!r} is unknown; "
+        raise ValueError(f"{_fn}: accounting={accounting!r} is unknown; "
                          f"fix: use one of {sorted(ACCOUNTINGS)} or a (params, grads, states) "
                          "tuple of bytes per parameter")
     po = bool(parallel_optimizer)
@@ -233,7 +233,7 @@ def model_state_bytes(n_params: int, *, zero_stage: int = 0, dp: int = 1,
     Taught in notebooks/06_recompute_memory.ipynb.
     """
     return sum(model_state_breakdown(n_params, zero_stage=zero_stage, dp=dp, accounting=accounting,
-                                     parallel_optimizer=parallel_optimizer).values())
+                                     parallel_optimizer=parallel_optimizer, _fn="model_state_bytes").values())
 
 
 # --- activations ---
@@ -405,7 +405,7 @@ def estimate_stage(*, stage_params: int, layers: int, seq_len: int, micro_batch:
         sel = min(select_recompute_layers or 0, ly - full)
         counts = {"full": full, "selective": sel, "none": ly - full - sel}
     states = model_state_breakdown(sp_, zero_stage=zero_stage, dp=dp, accounting=accounting,
-                                   parallel_optimizer=parallel_optimizer)
+                                   parallel_optimizer=parallel_optimizer, _fn=fn)
     common = dict(tp=tp, sequence_parallel=sequence_parallel, bytes_per_value=bytes_per_value,
                   flash_attention=flash_attention, num_kv_heads=num_kv_heads,
                   ffn_hidden_size=ffn_hidden_size, arch=arch)
@@ -746,9 +746,7 @@ class _Spec(SimpleNamespace):
 
 def _spec(fn: str, cfg: Any, need: tuple[str, ...] = _REQUIRED) -> _Spec:
     """Read cfg's fields (aliases included); one ValueError names every missing required field."""
-    if isinstance(cfg, _Spec):
-        missing = [k for k in need if getattr(cfg, k, None) is None]
-    else:
+    if not isinstance(cfg, _Spec):
         if not isinstance(cfg, Mapping) and callable(getattr(cfg, "validate", None)):
             cfg.validate()                       # a RunConfig checks itself first
         if isinstance(cfg, Mapping):
@@ -757,19 +755,19 @@ def _spec(fn: str, cfg: Any, need: tuple[str, ...] = _REQUIRED) -> _Spec:
             raise ValueError(f"{fn}: cfg={cfg!r} is not a config; fix: pass a RunConfig, a dict or an object "
                              f"with fields {', '.join(_REQUIRED)}")
         else:
-            get = lambda k, d=None: getattr(cfg, k, d)   # noqa: E731
+            get = lambda k: getattr(cfg, k, None)   # noqa: E731
         vals: dict[str, Any] = {}
         for name in (*_REQUIRED, *_OPTIONAL):
-            v = get(name, None)
+            v = get(name)
             for alias in _FIELD_ALIASES.get(name, ()):
                 if v is None:
-                    v = get(alias, None)
+                    v = get(alias)
             vals[name] = _OPTIONAL.get(name) if v is None else v
-        if vals["mlp"] == "swiglu" and get("hidden_act", None) in ("gelu", "gelu_new", "gelu_pytorch_tanh") \
-                and get("mlp", None) is None:
+        if vals["mlp"] == "swiglu" and get("hidden_act") in ("gelu", "gelu_new", "gelu_pytorch_tanh") \
+                and get("mlp") is None:
             vals["mlp"] = "gelu"                 # a Hugging Face GPT-style config says so by its activation
         cfg = _Spec(**vals)
-        missing = [k for k in need if getattr(cfg, k) is None]
+    missing = [k for k in need if getattr(cfg, k) is None]
     for name in _INT_FIELDS:                     # a field that is there but wrong is named first
         v = getattr(cfg, name)
         if v is not None:

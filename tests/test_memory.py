@@ -214,6 +214,11 @@ def test_max_batch_zero_when_states_do_not_fit_and_recompute_helps():
     (lambda: estimate(MINI, layout=SimpleNamespace(dp=2, mp=1, pp=1, micro_batches=1), n_devices=4), "n_devices=4"),
     (lambda: estimate(MINI, overhead_bytes=-5), "overhead_bytes=-5"),
     (lambda: estimate(MINI, activation_scale=0), "activation_scale=0"),
+    # a bool is not a byte count or a scale, and a string is refused in one line, not compared into a TypeError
+    (lambda: estimate(MINI, overhead_bytes=True), "overhead_bytes=True"),
+    (lambda: estimate(MINI, overhead_bytes="1"), "overhead_bytes='1'"),
+    (lambda: estimate(MINI, activation_scale=True), "activation_scale=True"),
+    (lambda: estimate(MINI, activation_scale="2"), "activation_scale='2'"),
     (lambda: calibrate([estimate(MINI)], [1e9]), "1 estimates"),
     (lambda: calibrate([estimate(MINI)], [1e6], overhead_bytes=1e9), "overhead_bytes=1000000000.0"),
     (lambda: calibrate([estimate(MINI)] * 2, [1e9, 2e9]), "same activation"),
@@ -226,6 +231,28 @@ def test_bad_input_raises_one_clear_value_error(call, field):
         call()
     msg = str(err.value)
     assert field in msg and "fix" in msg.lower() or "RunConfig." in msg and field in msg
+
+
+def test_full_recompute_keeps_the_whole_layer_input_unless_sequence_parallel_splits_it_and_fp8_is_a_width():
+    # full recompute keeps only the layer input, 2·s·b·h bytes = 2 * 128 * 8 * 256; tensor parallelism alone does
+    # not split it (each tp rank holds the whole input), sequence parallelism does (/t)
+    assert activation_bytes_per_layer(128, 8, 256, 4, tp=2, recompute="full") == 2 * 128 * 8 * 256
+    assert activation_bytes_per_layer(128, 8, 256, 4, tp=2, recompute="full", sequence_parallel=True) == 128 * 8 * 256
+    # 1-byte activations (fp8) are a width like any other: half of the 2-byte count, 128*8*256*(34+10)/2
+    assert activation_bytes_per_layer(128, 8, 256, 4, bytes_per_value=1) == 128 * 8 * 256 * 44 // 2
+
+
+def test_a_fractional_count_is_told_that_a_count_has_no_fraction():
+    def msg(v):
+        with pytest.raises(ValueError) as err:
+            activation_bytes_per_layer(v, 1, 8, 2)
+        return str(err.value)
+    head = "activation_bytes_per_layer: seq_len={} is invalid; fix: pass a positive integer"
+    assert msg(8.5) == head.format("8.5") + " (a count has no fraction)"
+    # not said where the value is no finite number or no float at all
+    assert msg(float("nan")) == head.format("nan")
+    assert msg(float("inf")) == head.format("inf")
+    assert msg("8") == head.format("'8'")
 
 
 def test_doctests():
@@ -244,6 +271,7 @@ def test_human_bytes_at_every_unit_and_edge():
 def test_model_state_bytes_defaults_and_the_parallel_optimizer():
     assert memory.model_state_bytes(1000) == 16_000
     assert memory.model_state_bytes(1000, dp=4) == 16_000                 # no ZeRO by default: nothing sliced
+    assert memory.model_state_breakdown(1000, dp=4) == {"params": 2000, "grads": 2000, "optimizer_states": 12000}
     assert memory.model_state_bytes(1000, zero_stage=1) == 16_000          # dp 1 by default: nothing to slice over
     assert memory.model_state_bytes(1000, zero_stage=1, dp=4) == sum(
         memory.model_state_breakdown(1000, zero_stage=1, dp=4).values()) < 16_000
@@ -453,6 +481,19 @@ _REFUSALS += [
      f"{_TPC}: num_kv_heads=2 needs cfg.num_heads; fix: add num_heads to cfg"),
     (memory.estimate, (_CFG,), {"mlp": "x"}, "estimate: mlp='x' is invalid; fix: one of ('swiglu', 'gelu')"),
     (memory.estimate, (_CFG,), {"num_kv_heads": 0}, f"estimate: num_kv_heads=0 {_POS}"),
+    # each refusal names the function the user called (model_state_bytes sums model_state_breakdown)
+    (memory.model_state_breakdown, (0,), {}, f"model_state_breakdown: n_params=0 {_POS}"),
+    (memory.model_state_bytes, (10,), {"dp": 0}, f"model_state_bytes: dp=0 {_POS}"),
+    (memory.model_state_breakdown, (10,), {"zero_stage": 4},
+     "model_state_breakdown: zero_stage=4 is invalid; fix: use one of (0, 1, 2, 3)"),
+    (memory.estimate_stage, (), {**_STAGE, "zero_stage": 9}, "estimate_stage: zero_stage=9 is invalid; fix: use one of "
+                                                            "(0, 1, 2, 3)"),
+    # a tuple of bytes per parameter: whole numbers >= 0, not a float, a bool or a negative
+    *[(memory.model_state_breakdown, (10,), {"accounting": acc}, f"model_state_breakdown: accounting={acc!r} is "
+       "unknown; fix: use one of ['fp32', 'fp32_grads', 'fp32_states', 'mixed'] or a (params, grads, states) tuple "
+       "of bytes per parameter") for acc in ((2, 2, 4.5), (2, 2, True), (2, 2, -1))],
+    *[(memory.output_activation_bytes, (), {**dict(seq_len=8, batch=1, vocab_size=50, tp=1), n: 0},
+       f"output_activation_bytes: {n}=0 {_POS}") for n in ("seq_len", "batch", "vocab_size", "tp")],
 ]
 
 
@@ -461,6 +502,27 @@ def test_each_refusal_is_its_exact_line(fn, args, kw, line):
     with pytest.raises(ValueError) as err:
         fn(*args, **kw)
     assert str(err.value) == line
+
+
+def test_an_accounting_tuple_may_hold_zero_bytes():
+    # weights only (no gradients, no optimizer: a frozen model): 2 bytes a parameter
+    assert model_state_breakdown(1000, accounting=(2, 0, 0)) == {"params": 2000, "grads": 0, "optimizer_states": 0}
+
+
+def test_estimate_stage_edges_its_defaults_and_sums_leave_out():
+    st = dict(_STAGE, layers=4)
+    # ZeRO is off by default: over dp = 2 the optimizer states stay whole
+    assert memory.estimate_stage(**st, dp=2) == memory.estimate_stage(**st, dp=2, zero_stage=0)
+    # full recompute named alone leaves no layer selective
+    assert memory.estimate_stage(**st, full_recompute_layers=1)["select_recompute_layers"] == 0
+    # one selective layer of four: the per-layer figure is the most common mode's (none), not the last-named one's
+    one_sel = memory.estimate_stage(**st, select_recompute_layers=1)
+    assert one_sel["activations_per_layer"] == activation_bytes_per_layer(8, 1, 16, 2, recompute="none")
+    # with flash attention and no output layer nothing s²- or vocabulary-sized is ever held
+    assert memory.estimate_stage(**st, flash_attention=True, output_layer=False)["largest_activation"] == 0
+    # the logits of a vocabulary that tp does not divide: each rank holds ceil(101 / 2) = 51 columns, 8 * 1 * 51 * 2
+    assert memory.estimate_stage(**dict(st, vocab_size=101), tp=2, flash_attention=True)["largest_activation"] == \
+        8 * 1 * 51 * 2
 
 
 def test_estimate_stage_defaults_and_what_each_switch_changes():
@@ -516,6 +578,8 @@ def test_estimate_reads_every_field_and_passes_every_switch():
         estimate(_CFG, grad_accum_buffer=True, n_devices=2)["grad_accum_buffer"]
     assert estimate(_CFG, arch="llama")["activations"] == estimate({**_CFG, "ffn_hidden_size": 256}, arch="llama")[
         "activations"]                                                          # llama without ffn: 4h
+    # at the same width a llama layer keeps more than a gpt one: 8 + (4 + 4g + 8r)/t against 10 + (4 + 4g + 4r)/t
+    assert estimate(_CFG, arch="llama")["activations"] > estimate(_CFG, arch="gpt")["activations"]
     odd = {**_CFG, "num_heads": 3, "hidden_size": 63, "vocab_size": 101, "num_layers": 3}
     e = estimate(odd, layout=SimpleNamespace(dp=1, mp=2, pp=3, micro_batches=1))
     assert e["layers"] == 1 and all(type(e[k]) is int for k in ("params", "grads", "activations", "total"))
