@@ -109,6 +109,11 @@ def measure_peak(fn: Callable, *args: Any, preload: tuple[str, ...] = (), quiet:
     run_child = _sibling("timing", "_run_child")
     out = run_child(_peak_child, (fn, args, kwargs, tuple(preload), quiet), {}, timeout=timeout, env=env,
                     who="measure_peak", name=getattr(fn, "__name__", repr(fn)))[0]
+    return _as_peak_memory(out)
+
+
+def _as_peak_memory(out: dict) -> PeakMemory:
+    """The child's readings as a PeakMemory: the device pool's peak where there is one (Ascend/GPU), else peak RSS."""
     device = out["device_peak"]
     return PeakMemory(value=out["value"], peak_bytes=device if device else out["peak_rss"],
                       source="device" if device else "rss", peak_rss_bytes=out["peak_rss"],

@@ -3,8 +3,9 @@
 Why: under mutmut 3.8.1's fork server a mutant of `memory` took 20-70 s, though the same tests with the same mutant
 active (`MUTANT_UNDER_TEST`) take about 1.7 s as a fresh `python -m pytest` (2026-12-05, AMD EPYC family 26 model 2).
 This runs what mutmut would run, and nothing less: for each mutant not yet run, the tests that mutmut's stats map to
-its function (`mutants/mutmut-stats.json`), in `mutants/`, `-x`, with `[tool.mutmut]`'s `-k` deselection. Each
-function's tests are first run with no mutant active and must pass, or its mutants are not run.
+its function (`mutants/mutmut-stats.json`), in `mutants/`, `-x`, with `[tool.mutmut]`'s `-k` deselection, in a
+build folder of its own (`MSHELPERS_BUILD`). Each function's tests are first run with no mutant active and must pass,
+or its mutants are not run.
 
 Exit codes go into `mutants/<module>.py.meta` as mutmut writes them (so `mutmut results` lists survivors):
 0 survived, 1 killed, and a timeout as -24 (mutmut's SIGXCPU). pytest's exit 4 (a test module's import-time call
@@ -18,8 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,13 +38,19 @@ def pytest_cmd(tests: list[str]) -> list[str]:
 
 
 def run(tests: list[str], mutant: str, timeout: float) -> tuple[int, float]:
-    env = dict(os.environ, MUTANT_UNDER_TEST=mutant)
+    # Each run writes into a build folder of its own: two mutants of one function run the same test at once, and
+    # one's file must not pass the other's check (train_for_peak's CSV did). The machine's peak cache is shared.
+    build = tempfile.mkdtemp(prefix="mutate-direct-")
+    env = dict(os.environ, MUTANT_UNDER_TEST=mutant, MSHELPERS_BUILD=build)
+    env.setdefault("MSHELPERS_PEAK_CACHE", str(ROOT / "build" / "peak_flops.json"))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     t0 = time.time()
     try:
         rc = subprocess.run(pytest_cmd(tests), cwd=MUTANTS, env=env, capture_output=True, timeout=timeout).returncode
     except subprocess.TimeoutExpired:
         rc = -24
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
     return rc, time.time() - t0
 
 

@@ -194,6 +194,15 @@ def test_the_child_body_reads_the_baseline_and_the_peak_in_bytes_and_passes_keyw
     assert memory_probe._peak_child(dict, (), {"a": 1, "b": 2}, ())["value"] == {"a": 1, "b": 2}
 
 
+@pytest.mark.parametrize("device, peak, source", [(123, 123, "device"), (0, 500, "rss"), (None, 500, "rss")])
+def test_the_headline_is_the_device_pools_peak_where_the_child_read_one(device, peak, source):
+    """Ascend/GPU: the pool's peak; CPU (0, the API's answer there) or no MindSpore (None): peak RSS."""
+    out = {"value": "v", "wall_s": 0.5, "baseline": 100, "peak_rss": 500, "device_peak": device}
+    assert memory_probe._as_peak_memory(out) == memory_probe.PeakMemory(
+        value="v", peak_bytes=peak, source=source, peak_rss_bytes=500, baseline_rss_bytes=100,
+        device_peak_bytes=device, wall_s=0.5)
+
+
 @pytest.mark.parametrize("target, want", [("Ascend", 123), ("GPU", 123), ("CPU", 0)])
 def test_the_child_body_reads_the_device_pool_only_on_ascend_or_gpu(monkeypatch, target, want):
     """On this CPU machine the target is CPU; the Ascend/GPU branch is checked with the target it would report."""
