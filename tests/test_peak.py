@@ -8,6 +8,8 @@ is about seeing the load.
 from __future__ import annotations
 
 import json
+import math
+import re
 import os
 import signal
 import subprocess
@@ -180,9 +182,13 @@ def test_an_entry_from_another_cpu_model_or_core_count_is_never_used(fake_matmul
     stored = json.loads(cache.read_text())
     assert stored[other_key]["flops"] == 999e9 and stored[KEY()]["flops"] == 10e9   # the other one is kept
     # an entry under this machine's key that says it came from elsewhere (a copied file) is not used either
-    for bad in (dict(cpu_model="Other CPU"), dict(threads=peak.cpu_info()["threads"] + 1)):
-        cache.write_text(json.dumps({KEY(): entry(**bad)}))
-        with pytest.warns(UserWarning, match=r"is not used: it was measured on .* threads, this machine is"):
+    here = peak.cpu_info()
+    for bad in (dict(cpu_model="Other CPU"), dict(threads=here["threads"] + 1)):
+        rec = entry(**bad)
+        cache.write_text(json.dumps({KEY(): rec}))
+        why = (f"it was measured on {rec['cpu_model']!r} with {rec['threads']} threads, "
+               f"this machine is {here['cpu_model']!r} with {here['threads']}")
+        with pytest.warns(UserWarning, match=re.escape(f"is not used: {why}; measuring again")):
             assert peak.peak_flops(shapes=((1, 2, 3),)) == 10e9 * len(calls)
     assert len(calls) == 3
 
@@ -225,6 +231,12 @@ def test_a_corrupt_cache_is_ignored_with_one_line_and_rewritten(fake_matmul, mon
     msg = str(w[0].message)
     assert len(w) == 1 and "\n" not in msg and msg.startswith(f"peak_flops: cache {cache} is unreadable (")
     assert msg.endswith("); ignored, measuring again")
+    try:                                               # the reader's own reason, on one line, word for word
+        why = "a JSON list, not an object" if text == "[1, 2]" else None
+        json.loads(text)
+    except ValueError as e:
+        why = " ".join(str(e).split())
+    assert msg == f"peak_flops: cache {cache} is unreadable ({why}); ignored, measuring again"
     assert list(json.loads(cache.read_text())) == [KEY()] and os.listdir(cache.parent) == ["peak.json"]
 
 
@@ -262,6 +274,14 @@ def test_bad_arguments_name_field_value_and_fix(fake_matmul):
     with pytest.raises(ValueError) as e:
         peak.peak_flops(wait_s=float("nan"))
     assert str(e.value) == "peak_flops: wait_s=nan is invalid; fix: pass seconds >= 0"
+    # a bool is no count of retries or of seconds, and an endless wait is no budget
+    for kw, line in ((dict(retries=True), "retries=True is invalid; fix: pass an integer >= 0"),
+                     (dict(retries=1.0), "retries=1.0 is invalid; fix: pass an integer >= 0"),
+                     (dict(wait_s=True), "wait_s=True is invalid; fix: pass seconds >= 0"),
+                     (dict(wait_s=math.inf), "wait_s=inf is invalid; fix: pass seconds >= 0")):
+        with pytest.raises(ValueError) as e:
+            peak.peak_flops(**kw)
+        assert str(e.value) == f"peak_flops: {line}", kw
     with pytest.raises(ValueError) as e:
         peak.competing_processes(interval=-0.5)
     assert str(e.value) == "competing_processes: interval=-0.5 is invalid; fix: pass a number >= 0"
@@ -488,7 +508,7 @@ def test_peak_flops_record_and_cache_rules_exactly(tmp_path, monkeypatch, capsys
     assert peak.peak_flops(dtype="float16", shapes=((8, 8, 8),)) == 12.34e9
     stored = json.loads(cache.read_text())
     assert sorted(stored) == [key.replace("float32", "float16"), key] and stored[key]["flops"] == 7.0e9
-    for bad in (0, -1.0, "50e9", None):
+    for bad in (0, -1.0, "50e9", None, math.inf):            # (json writes inf as Infinity and reads it back)
         stored[key]["flops"] = bad
         cache.write_text(json.dumps(stored))
         calls.clear()
@@ -620,6 +640,28 @@ def _fake_cc(tmp_path, body):
                   f"printf '#!/bin/sh\\n%s\\n' '{body}' > \"$out\" && chmod +x \"$out\"\n")
     cc.chmod(0o755)
     return str(cc)
+
+
+def test_the_clock_probe_finds_cc_or_gcc_builds_at_O1_keeps_the_compilers_words_and_takes_100_to_10000_mhz(
+        tmp_path, monkeypatch, capfd):
+    monkeypatch.delenv("CC", raising=False)
+    for name, out in (("cc", "100"), ("gcc", "10000"), ("cc", "99.99"), ("gcc", "10000.01")):
+        d = tmp_path / f"{name}-{out}"
+        d.mkdir()
+        # a compiler on a PATH that holds nothing else: it notes its arguments, warns on stderr (as compilers do),
+        # and writes at its -o path a probe that prints `out`
+        (d / name).write_text("#!/bin/sh\necho \"$@\" > \"${0%/*}/args\"\necho 'warning: a warning' >&2\n"
+                              "while [ $# -gt 0 ]; do [ \"$1\" = -o ] && o=$2; shift; done\n/bin/cat >/dev/null\n"
+                              f"printf '#!/bin/sh\\necho {out}\\n' > \"$o\" && /bin/chmod +x \"$o\"\n")
+        (d / name).chmod(0o755)
+        monkeypatch.setenv("PATH", str(d))
+        monkeypatch.setattr(peak, "_CLOCK_PROBE", {})
+        got = peak.measured_clock_mhz()
+        mhz = float(out)
+        assert got == ((mhz, "measured: a dependent-add chain, best of 5") if 100 <= mhz <= 10_000 else
+                       (None, f"the clock probe read {mhz:.0f} MHz, outside 100 MHz - 10 GHz")), (name, out)
+        assert (d / "args").read_text().split()[:4] == ["-O1", "-x", "c", "-"]    # the chain needs the optimizer
+        assert capfd.readouterr() == ("", "")                                       # its words stay in the probe
 
 
 def test_the_measured_clock_is_a_real_compiled_probe_on_this_cpu(monkeypatch):
@@ -757,6 +799,32 @@ def test_cpu_info_takes_the_first_processors_fields_from_cpuinfo(monkeypatch):
     assert peak.cpu_info() == {"cpu_model": "Intel(R) Xeon(R): Gold 6000 @ 2.30GHz", "cpu_family": "6",
                                   "threads": peak._threads(), "flags": {"fpu", "sse", "avx2", "avx512f"},
                                   "mhz": 2300.0, "vendor": "GenuineIntel"}
+
+
+ARM_CPUINFO = """processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU part\t: 0xd0c
+
+processor\t: 1
+BogoMIPS\t: 50.00
+"""
+
+
+def test_an_arm_cpuinfo_names_no_vendor_family_or_flags(monkeypatch):
+    """aarch64's /proc/cpuinfo (a Neoverse N1's, cut) has no vendor_id, cpu family, model name or flags lines."""
+    import builtins
+    import io
+    import platform
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: io.StringIO(ARM_CPUINFO)
+                        if str(path) == "/proc/cpuinfo" else real_open(path, *a, **k))
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert peak.cpu_info() == {"cpu_model": "aarch64", "cpu_family": None, "threads": peak._threads(),
+                               "flags": set(), "mhz": None, "vendor": None}
 
 
 def test_without_proc_the_platform_answers(monkeypatch):
