@@ -167,3 +167,36 @@ def test_hardware_table_and_source_defaults():
     dh, cal = hw.to_doctor()
     assert (dh.peak("bfloat16"), dh.intra_link_bytes_per_s, dh.inter_bytes_per_s, dh.devices_per_node) == (1.0, 2.0, 3.0, 8)
     assert (cal.compute_efficiency, cal.comm_time_factor) == (0.5, 1.0)
+
+
+def test_from_doctor_maps_every_figure_and_names_every_source():
+    """A profile of distinct figures, so a field read into the wrong slot shows; sources and the calibration do not
+    take part in Hardware's ==, so they are checked one by one."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from mshelpers.doctor.hardware import DoctorHardware
+    prof = DoctorHardware(name="X", peak_flops={"float16": 400.0, "bfloat16": 300.0}, hbm_bytes_per_s=7.0,
+                          intra_link_bytes_per_s=5.0, links_per_device=3, inter_bytes_per_s=2.0, devices_per_node=4,
+                          intra_latency_s=1e-6, inter_latency_s=3e-6, memory_bytes=11.0, dp_overlap=0.25,
+                          sources={"peak": "P", "intra": "I", "inter": "E", "node": "N", "hbm": "H"})
+    cal = SimpleNamespace(compute_efficiency=0.6, fitted_on=("a", "b"))
+    h = Hardware.from_doctor(prof, cal)
+    # the node's full mesh: 3 links of 5 B/s each per device
+    assert h == Hardware(peak_flops_per_device=300.0, peak_dtype="bfloat16", intra_node_bytes_per_s=15.0,
+                         inter_node_bytes_per_s=2.0, devices_per_node=4, compute_efficiency=0.6,
+                         intra_node_latency_s=1e-6, inter_node_latency_s=3e-6, name="X", links_per_device=3,
+                         hbm_bytes_per_s=7.0, memory_bytes=11.0, dp_overlap=0.25)
+    assert h.calibration is cal and h.doctor_profile is prof
+    assert h.sources == (("peak_flops_per_device", "P"), ("intra_node_bytes_per_s", "I"), ("links_per_device", "I"),
+                         ("inter_node_bytes_per_s", "E"), ("intra_node_latency_s", "I"), ("inter_node_latency_s", "E"),
+                         ("devices_per_node", "N"), ("hbm_bytes_per_s", "H"), ("memory_bytes", "N"),
+                         ("compute_efficiency", "fitted: the doctor's calibration (a, b)"))
+    # a profile that names no source, another dtype and a name of the caller's, no calibration
+    bare = Hardware.from_doctor(dataclasses.replace(prof, sources={}), name="Y", dtype="float16")
+    assert (bare.peak_flops_per_device, bare.peak_dtype, bare.name, bare.compute_efficiency, bare.calibration) == \
+        (400.0, "float16", "Y", 1.0, None)
+    assert bare.sources == tuple((k, "assumed") for k in (
+        "peak_flops_per_device", "intra_node_bytes_per_s", "links_per_device", "inter_node_bytes_per_s",
+        "intra_node_latency_s", "inter_node_latency_s", "devices_per_node", "hbm_bytes_per_s", "memory_bytes")) + (
+        ("compute_efficiency", "1.0: no calibration given"),)

@@ -208,6 +208,20 @@ def test_stage_activation_bytes_by_hand():
                             "fix: choose virtual_stages dividing 8")
     with pytest.raises(ValueError, match="has no doctor config"):
         pipeline.stage_activation_bytes(_NS(pp=2, mp=1, micro_batches=4))
+    # each refusal word for word: a layout object of the user's own, a virtual-stage count, a stage out of range
+    fn = "stage_activation_bytes"
+    for call, line in (
+            (lambda: pipeline.stage_activation_bytes(_NS(pp=2, mp=1, micro_batches=4)),
+             f"{fn}: layout=SimpleNamespace has no doctor config; fix: pass a Layout from make_layout or "
+             "plan_parallel_layout"),
+            (lambda: pipeline.stage_activation_bytes(lay, "interleaved", 0),
+             f"{fn}: virtual_stages=0 is invalid; fix: pass a positive integer"),
+            (lambda: pipeline.stage_activation_bytes(lay, stage=4), f"{fn}: stage=4 is invalid; fix: use 0 <= stage < pp=4"),
+            (lambda: pipeline.stage_activation_bytes(lay, stage=-1), f"{fn}: stage=-1 is invalid; fix: use 0 <= stage < pp=4"),
+            (lambda: pipeline.stage_activation_bytes(lay, stage=1.0), f"{fn}: stage=1.0 is invalid; fix: use 0 <= stage < pp=4")):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == line
 
 
 def test_stage_activation_bytes_on_a_config_that_is_not_ours():
