@@ -200,3 +200,30 @@ def test_from_doctor_maps_every_figure_and_names_every_source():
         "peak_flops_per_device", "intra_node_bytes_per_s", "links_per_device", "inter_node_bytes_per_s",
         "intra_node_latency_s", "inter_node_latency_s", "devices_per_node", "hbm_bytes_per_s", "memory_bytes")) + (
         ("compute_efficiency", "1.0: no calibration given"),)
+
+
+def test_to_doctor_carries_each_changed_figure_back_into_the_profile():
+    import dataclasses
+
+    from mshelpers import doctor as D
+    from mshelpers.doctor.hardware import DoctorHardware
+    prof = DoctorHardware(name="X", peak_flops={"float16": 400.0, "bfloat16": 300.0, "float32": 100.0},
+                          hbm_bytes_per_s=7.0, intra_link_bytes_per_s=5.0, links_per_device=3, inter_bytes_per_s=2.0,
+                          devices_per_node=4, intra_latency_s=1e-6, inter_latency_s=3e-6, memory_bytes=11.0,
+                          dp_overlap=0.25, sources={"peak": "P"})
+    view = Hardware.from_doctor(prof, D.CALIBRATION)
+    hw, cal = view.to_doctor()
+    assert hw is prof and cal is D.CALIBRATION                     # an unchanged view gives both back as they are
+    moved = dataclasses.replace(view, peak_flops_per_device=600.0, inter_node_bytes_per_s=9.0, compute_efficiency=0.5)
+    hw, cal = moved.to_doctor()
+    # bfloat16 300 -> 600 doubles every dtype's peak (each keeps its ratio); the link figure replaced; the rest kept
+    assert hw == dataclasses.replace(prof, peak_flops={"float16": 800.0, "bfloat16": 600.0, "float32": 200.0},
+                                     inter_bytes_per_s=9.0)
+    assert hw.sources == {"peak": "P"} and cal == dataclasses.replace(D.CALIBRATION, compute_efficiency=0.5)
+    # a view of no profile: its own figures (3 links of 2 B/s make 6 per device) and its own sources
+    plain = Hardware(peak_flops_per_device=10.0, intra_node_bytes_per_s=6.0, inter_node_bytes_per_s=1.0,
+                     links_per_device=3, name="P", sources=(("peak_flops_per_device", "S"),))
+    hw, cal = plain.to_doctor()
+    assert (hw.name, hw.sources, hw.intra_link_bytes_per_s, hw.peak_flops) == (
+        "P", {"peak_flops_per_device": "S"}, 2.0, {"float16": 10.0, "bfloat16": 10.0, "float32": 10.0})
+    assert (cal.compute_efficiency, cal.comm_time_factor) == (0.5, 1.0)
