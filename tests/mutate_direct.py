@@ -37,13 +37,19 @@ def pytest_cmd(tests: list[str]) -> list[str]:
             "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:nbval", "-k", DESELECT, *tests]
 
 
+def _child_env(build: str) -> dict:
+    """A test process's environment: its own build folder, the machine's peak cache, bytecode allowed."""
+    env = dict(os.environ, MSHELPERS_BUILD=build)
+    env.setdefault("MSHELPERS_PEAK_CACHE", str(ROOT / "build" / "peak_flops.json"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def run(tests: list[str], mutant: str, timeout: float) -> tuple[int, float]:
     # Each run writes into a build folder of its own: two mutants of one function run the same test at once, and
     # one's file must not pass the other's check (train_for_peak's CSV did). The machine's peak cache is shared.
     build = tempfile.mkdtemp(prefix="mutate-direct-")
-    env = dict(os.environ, MUTANT_UNDER_TEST=mutant, MSHELPERS_BUILD=build)
-    env.setdefault("MSHELPERS_PEAK_CACHE", str(ROOT / "build" / "peak_flops.json"))
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env = dict(_child_env(build), MUTANT_UNDER_TEST=mutant)
     t0 = time.time()
     try:
         rc = subprocess.run(pytest_cmd(tests), cwd=MUTANTS, env=env, capture_output=True, timeout=timeout).returncode
@@ -92,10 +98,7 @@ def run_in_process(tests: list[str], keys: list[str], jobs: int, timeout: float)
             f = Path(d) / f"job{i}.json"
             f.write_text(json.dumps({"tests": tests, "keys": keys[i::jobs], "timeout": timeout}))
             files.append(f)
-        env = dict(os.environ, MSHELPERS_BUILD=d)
-        env.setdefault("MSHELPERS_PEAK_CACHE", str(ROOT / "build" / "peak_flops.json"))
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        procs = [subprocess.Popen([sys.executable, __file__, "--batch", str(f)], env=env,
+        procs = [subprocess.Popen([sys.executable, __file__, "--batch", str(f)], env=_child_env(d),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for f in files]
         for pr in procs:
             pr.wait()
