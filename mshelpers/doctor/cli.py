@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from .cost import flops_per_token, step_time
 from .describe import DoctorError
+from .hardware import HARDWARE_NAMES
 from . import logs as _logs  # noqa: F401  (imported here so measured_run finds it)
 from .report import diagnose, render_text, summary_json, write_outputs
 from .search import better_layouts
@@ -106,31 +107,63 @@ def refit_efficiency(cfg, hw, cal, measured: float, rel_tol: float = 1e-4) -> fl
     return 1 / x
 
 
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_REFUSED = 0, 1, 2
+
+
+def _plain(md: str) -> str:
+    """The Markdown report as plain text: headings underlined, bold marks dropped, tables kept as they read."""
+    out = []
+    for line in md.splitlines():
+        line = line.replace("**", "")
+        if line.startswith("#"):
+            title = line.lstrip("#").strip()
+            out += [title, "=" * len(title) if line.startswith("# ") else "-" * len(title)]
+        elif line.startswith("|") and set(line) <= set("|-: "):
+            continue
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The CLI; returns the exit code (0 ok, 2 bad input)."""
+    """The CLI; returns the exit code: 0 the config fits, 1 it does not fit, 2 the input was refused (one line on
+    stderr; with --format json, also a JSON object on stdout)."""
     import argparse
     doc = sys.modules[__package__].__doc__ if __package__ in sys.modules else __doc__
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args or any(a in ("--format=json",) for a in args) or \
+        any(a == "--format" and i + 1 < len(args) and args[i + 1] == "json" for i, a in enumerate(args))
 
     class _Parser(argparse.ArgumentParser):
         def error(self, message):
-            raise DoctorError("arguments", " ".join(argv if argv is not None else sys.argv[1:]), message)
+            raise DoctorError("arguments", " ".join(args), message)
 
-    ap = _Parser(prog="python -m mshelpers.doctor", description=(doc or "").splitlines()[0])
-    ap.add_argument("config")
-    ap.add_argument("--hardware", default="atlas-800t-a2")
-    ap.add_argument("--devices", type=int, default=None)
-    ap.add_argument("--budget", default=None, help='per-device memory budget, e.g. "58GB" (default: max_device_memory)')
+    ap = _Parser(prog="python -m mshelpers.doctor", description=(doc or "").splitlines()[0],
+                 epilog="exit codes: 0 the config fits, 1 it does not fit the budget, 2 the input was refused")
+    ap.add_argument("config", help="a mindformers training YAML (r1.x, 1.x mcore or 2.x PyNative)")
+    ap.add_argument("--hardware", default="atlas-800t-a2", help="the device profile to price on (default "
+                    "atlas-800t-a2; 'cpu' is this machine): one of " + ", ".join(HARDWARE_NAMES))
+    ap.add_argument("--devices", type=int, default=None, help="the device count to run on; other than the file's "
+                    "own dp*tp*pp*cp, the doctor searches the layouts of that count (same model and global batch)")
+    ap.add_argument("--budget", default=None, help='per-device memory budget, e.g. "58GB" (GB = 2^30 bytes, as '
+                    "MindSpore counts it; default: the file's context.max_device_memory, else the device's memory)")
     ap.add_argument("--model-config", default=None, help="a Hugging Face config.json (or its folder) for the model keys "
                     "the YAML leaves to pretrained_model_dir")
     ap.add_argument("--release", default=None, help="the mindformers release the file runs on, e.g. r1.3.0 (where its "
                     "code prices the file differently; default: the newest)")
     ap.add_argument("--log", default=None, help="a mindformers training log or the cookbook's metrics.csv of this run")
     ap.add_argument("--refit", action="store_true", help="with --log: re-fit the compute efficiency on that run")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--no-search", action="store_true")
+    ap.add_argument("--out", default=None, help="a folder to write improved.yaml (the file with the best layout's "
+                    "keys changed), report.md, report.html and the pictures into")
+    ap.add_argument("--format", choices=("md", "text", "json"), default=None, help="the report on stdout: md "
+                    "(Markdown, the default), text (plain) or json (one JSON object, nothing else)")
+    ap.add_argument("--json", action="store_true", help="the same as --format json")
+    ap.add_argument("--no-search", action="store_true", help="skip the layout search (faster; no better layouts)")
     try:
-        a = ap.parse_args(argv)
+        a = ap.parse_args(args)
+        fmt = "json" if a.json else (a.format or "md")
+        if a.json and a.format not in (None, "json"):
+            raise DoctorError("--format", a.format, "give --json or --format, not both with different formats")
         if a.refit and not a.log:
             raise DoctorError("--refit", True, "give --log FILE (the run to re-fit on)")
         r = diagnose(a.config, a.hardware, a.devices, a.budget, search=not a.no_search, model_config=a.model_config,
@@ -146,10 +179,32 @@ def main(argv: list[str] | None = None) -> int:
                 raise DoctorError("--out", a.out, f"a writable folder with free space ({e.strerror or e})") from None
     except DoctorError as e:
         print(f"doctor: error: {e}", file=sys.stderr)
-        return 2
-    print(text)
+        if as_json:
+            print(json.dumps({"error": {"field": e.field, "value": repr(e.value), "fix": e.fix, "line": str(e)},
+                              "exit_code": EXIT_REFUSED}))
+        return EXIT_REFUSED
+    code = EXIT_FITS if r["fits"] else EXIT_DOES_NOT_FIT
+    if fmt == "json":
+        out = summary_json(r)
+        out["written"] = paths or {}
+        out["exit_code"] = code
+        print(json.dumps(out, default=str))
+        return code
+    print(text if fmt == "md" else _plain(text))
     if paths:
         print("wrote " + ", ".join(paths.values()))
-    if a.json:
-        print(json.dumps(summary_json(r), default=str))
-    return 0
+    return code
+
+
+def console() -> None:
+    """The `ms-doctor` console script and `python -m mshelpers.doctor`: main()'s code as the exit status."""
+    import os
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader closed the pipe (`... | head`): no traceback for the rest, and exit 1 as Python's own
+        # guidance for EPIPE has it (the output was not all delivered)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
+    raise SystemExit(code)

@@ -193,6 +193,7 @@ class Config:
     notes: tuple = ()               # what the reader assumed (a derived dp, a merged config.json, ...)
     model_config: Any = field(default=None, compare=False, repr=False)   # the config.json merged, if any
     release: tuple = ()             # the mindformers release the file runs on, when given (read_config(release=))
+    key_flags: tuple = field(default=(), compare=False)   # unknown keys and missing sections (keys.key_flags)
 
     # the flat names of the single-dataclass doctor, kept for code written against it
     def __getattr__(self, name: str) -> Any:

@@ -114,9 +114,10 @@ def stage_split(L: int, pp: int, vpp: int, offset: Any, where: str, notes: list)
                 flat[i] += 1
             grid = [flat[v * pp:(v + 1) * pp] for v in range(vpp)]
             notes.append(f"{where}={offset!r} does not split {L} layers into {pp} x {vpp} stages (mindformers wants "
-                         f"offsets summing to {L} % {n} = {rest}); assumed {grid}")
+                         f"offsets summing to the remainder of {L} layers divided by {n} chunks, {rest}); assumed {grid}")
         else:
-            raise DoctorError(where, offset, f"offsets summing to {L} % ({pp} x {vpp}) = {L % n} (they sum to {total})")
+            raise DoctorError(where, offset, f"offsets summing to {L % n}, the remainder of {L} layers divided by {pp} x {vpp} "
+                              f"chunks (they sum to {total})")
     layers = [[base + x for x in r] for r in grid]
     if min(min(r) for r in layers) < 0 or sum(map(sum, layers)) != L:
         raise DoctorError(where, offset, "every stage needs at least zero layers; make the offsets smaller")

@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from .describe import Config, DoctorError, Layout, MoE, Model
+from .keys import key_flags
 from .layouts import (_budget, _count, _dtype, _flag, _is_int, _per_stage, _ranges, _select_ops, checked, parse_size,
                       pynative_chunks, stage_split)
 from .variants import edited_yaml
@@ -262,6 +263,9 @@ def _setting(sect: dict, key: str, where: str, default: int = 1) -> int:
 _PRICED_KEYS = ("tie_word_embeddings", "multiple_of", "ffn_dim_multiplier", "use_flash_attention")
 
 
+_MODEL_PRICED = frozenset(k for names in ALIASES.values() for k in names) | frozenset(_PRICED_KEYS)
+
+
 def _model_keys(own: dict, sources: list, where: str, notes: list) -> dict:
     """The model keys the reader uses: each (label, keys) source in `sources` (lowest precedence first), then
     the file's own non-None keys. A priced key the file leaves out or sets to None and a labelled source gives
@@ -407,14 +411,16 @@ def _pynative_dp(par: dict, devices: int | None, tp: int, pp: int, cp: int, gbs:
     if devices is not None:
         if devices % (tp * pp * cp):
             raise DoctorError("--devices", devices, f"a multiple of tensor x pipeline x context parallel = {tp * pp * cp}")
-        notes.append(f"data_parallel_shard={dps!r}: dp = --devices {devices} / (tp {tp} x pp {pp} x cp {cp}) = "
+        said = "" if "data_parallel_shard" in par else " (not set: ParallelismConfig's default)"
+        notes.append(f"parallelism.data_parallel_shard={dps!r}{said}: dp = --devices {devices} / (tp {tp} x pp {pp} x cp {cp}) = "
                      f"{devices // (tp * pp * cp)}")
         return devices // (tp * pp * cp)
     if _is_int(dps) and dps > 0:
         return _count(dps, "parallelism.data_parallel_shard")
     if dps in (-1, None):
         dp = max(1, gbs // local) if pp == 1 else 1
-        notes.append(f"parallelism.data_parallel_shard=-1 takes every remaining card; with no --devices the doctor "
+        said = "" if "data_parallel_shard" in par else " (not set: ParallelismConfig's default)"
+        notes.append(f"parallelism.data_parallel_shard=-1{said} takes every remaining card; with no --devices the doctor "
                      f"assumes dp = {dp} (global_batch_size {gbs} / local_batch_size {local}"
                      f"{'' if pp == 1 else ', one dp rank per pipeline'})")
         return dp
@@ -564,13 +570,15 @@ def _read_config(path_or_dict: Any, budget: Any, model_config: Any, devices: int
     dialect = dialect_of(d)
     try:
         if dialect == "pynative":
-            return _pynative(d, budget, model_config, devices)
-        if not isinstance(d.get("model"), dict) and "model" in d:
-            raise DoctorError("model", d.get("model"), f"{dialect} dialect: a mapping with model_config")
-        if "model" not in d:
-            raise DoctorError("model.model_config", None, "pass a mindformers training YAML (it has model.model_config, "
-                              "or training: and parallelism: sections for 2.x PyNative)")
-        return _static(d, dialect, budget, model_config)
+            cfg = _pynative(d, budget, model_config, devices)
+        else:
+            if not isinstance(d.get("model"), dict) and "model" in d:
+                raise DoctorError("model", d.get("model"), f"{dialect} dialect: a mapping with model_config")
+            if "model" not in d:
+                raise DoctorError("model.model_config", None, "pass a mindformers training YAML (it has "
+                                  "model.model_config, or training: and parallelism: sections for 2.x PyNative)")
+            cfg = _static(d, dialect, budget, model_config)
+        return replace(cfg, key_flags=tuple(key_flags(d, cfg.dialect, _MODEL_PRICED)))
     except DoctorError:
         raise
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError, ZeroDivisionError) as e:

@@ -8,52 +8,73 @@ from dataclasses import replace
 from typing import Any
 
 from .calibration import CALIBRATION, Calibration
-from .cost import TERMS, memory_per_stage, mtp_params, param_count, step_time
+from .cost import TERMS, expert_shard, memory_per_stage, mtp_params, param_count, step_time
 from .describe import DoctorError
 from .hardware import hardware
 from .readers import read_config
-from .search import as_shipped_limit, better_layouts, smallest_fitting_scale
+from .search import as_shipped_limit, better_layouts, layout_name, smallest_fitting_scale
 
 def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: int | None = None,
              budget: Any = None, calib: Calibration = CALIBRATION, search: bool = True,
              model_config: Any = None, release: Any = None) -> dict[str, Any]:
     """Everything the CLI prints, as a dict: config, memory, step terms, MFU, layouts, verdict. `release`: the
-    mindformers release the file runs on (read_config's), None for the newest."""
+    mindformers release the file runs on (read_config's), None for the newest. `devices` other than the file's
+    own count: the file's layout cannot run there, so the figures are the fastest layout that fits on `devices`
+    (same model and global batch), and the verdict says so."""
     hw = hardware(hardware_name)
     if devices is not None and (not isinstance(devices, int) or isinstance(devices, bool) or devices <= 0):
         raise DoctorError("--devices", devices, "a positive integer")
     cfg = read_config(path_or_dict, budget=budget, model_config=model_config, devices=devices, release=release)
-    if devices is not None:
-        if not isinstance(devices, int) or devices <= 0:
-            raise DoctorError("--devices", devices, "a positive integer")
-        if devices != cfg.devices:
-            mpp = cfg.mp * cfg.pp * cfg.layout.cp
-            fix = (f"set parallel_config.data_parallel: {devices // mpp} (dp*mp*pp = {devices})" if devices % mpp == 0
-                   else f"use a device count that model_parallel*pipeline_stage = {mpp} divides")
-            raise DoctorError("parallel_config", f"dp*mp*pp*cp = {cfg.dp}*{cfg.mp}*{cfg.pp}*{cfg.layout.cp} = {cfg.devices} "
-                              f"on --devices {devices}", fix)
     if cfg.budget_bytes is None:
         cfg = replace(cfg, budget_bytes=int(hw.memory_bytes))
+    moved = None
+    if devices is not None and devices != cfg.devices:
+        # the file's own layout needs cfg.devices: search the layouts of the same model and batch on `devices`
+        rows = better_layouts(cfg, hw, devices=devices, calib=calib)
+        if not rows:
+            mpp = cfg.mp * cfg.pp * cfg.layout.cp
+            raise DoctorError("--devices", devices, f"a device count with a layout that fits: the file's "
+                              f"dp*tp*pp*cp = {cfg.dp}*{cfg.mp}*{cfg.pp}*{cfg.layout.cp} = {cfg.devices}, and no layout "
+                              f"of global batch {cfg.global_batch} fits on {devices} (tp*pp*cp is {mpp} in the file)")
+        moved = {"from_devices": cfg.devices, "from_layout": layout_name(cfg), "changes": rows[0]["changes"],
+                 "layout": rows[0]["layout"]}
+        cfg = replace(rows[0]["config"], key_flags=cfg.key_flags, notes=cfg.notes)
     mem = memory_per_stage(cfg)
     st = step_time(cfg, hw, calib)
+    fits = bool(mem["fits"])
     layouts = better_layouts(cfg, hw, calib=calib) if search else []
+    smallest = better_layouts(cfg, hw, calib=calib, rank_by="change", top=1) if search and not fits else []
     best = layouts[0] if layouts else None
     gain = best["tokens_per_s_per_device"] / st["tokens_per_s_per_device"] - 1 if best else 0.0
-    fits = bool(mem["fits"])
-    verdict = (f"{'FITS' if fits else 'DOES NOT FIT'}: largest stage {mem['memory_per_device_bytes'] / 2**30:.1f} GiB "
-               f"against {mem['budget_bytes'] / 2**30:.1f} GiB (headroom {mem['headroom_bytes'] / 2**30:+.1f} GiB); "
+    G = 2**30
+    verdict = (f"{'FITS' if fits else 'DOES NOT FIT'}: largest stage {mem['memory_per_device_bytes'] / G:.1f} GiB "
+               f"against {mem['budget_bytes'] / G:.1f} GiB (headroom {mem['headroom_bytes'] / G:+.1f} GiB); "
                f"predicted {st['tokens_per_s_per_device']:.0f} tokens/s/p, MFU {st['mfu_6n']:.1%} (6N) on {hw.name}")
+    if moved:
+        verdict = (f"ON {devices} DEVICES (the file's layout {moved['from_layout']} needs {moved['from_devices']}), "
+                   f"the fastest layout that fits, {moved['layout']} ({_short(moved['changes'])}): " + verdict)
+    if not fits:
+        term, size = dominant_term(mem)
+        verdict += f"; the largest term is {term}, {size / G:.1f} GiB"
     if not search:
         verdict += "; layout search skipped"
-    elif best and not fits:
-        verdict += (f"; best change that fits: {best['layout']} ({_short(best['changes'])}) predicted "
-                    f"{best['tokens_per_s_per_device']} tokens/s/p")
+    elif smallest:
+        sm = smallest[0]
+        verdict += (f"; smallest change that fits: {sm['layout']} ({_short(sm['changes'])}) predicted "
+                    f"{sm['tokens_per_s_per_device']} tokens/s/p")
+        if best and best["layout"] != sm["layout"]:
+            verdict += (f"; fastest that fits: {best['layout']} ({_short(best['changes'])}) predicted "
+                        f"{best['tokens_per_s_per_device']} tokens/s/p")
     elif best and gain > 0.005:
         verdict += f"; best change: {best['layout']} ({_short(best['changes'])}) predicted {gain:+.1%}"
     elif best:
         verdict += "; no searched change predicts more than +0.5%"
     else:
         verdict += "; no searched layout fits"
+    if cfg.key_flags:
+        verdict = (f"CHECK THE FILE FIRST: {len(cfg.key_flags)} key(s) the doctor could not use "
+                   f"({'; '.join(f['text'] for f in cfg.key_flags[:2])}{'; ...' if len(cfg.key_flags) > 2 else ''}). "
+                   + verdict)
     scale = None
     if search and not fits and not layouts:
         # nothing fits on the file's own devices and batch: say which key pins them, and the smallest scale that fits
@@ -67,8 +88,31 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
             verdict += (f". As shipped: {limit}. It fits from {scale['devices']} devices at global batch "
                         f"{scale['global_batch']}: {row['layout']}, predicted {row['tokens_per_s_per_device']} "
                         f"tokens/s/p, MFU {st2['mfu_6n']:.1%} (6N)")
+    ctx_mem = (cfg.raw.get("context") or {}).get("max_device_memory") if isinstance(cfg.raw.get("context"), dict) \
+        else None
+    given = budget if budget is not None else ctx_mem
+    if given is None:
+        budget_source = f"the device memory of {hw.name}"
+    else:
+        where = "--budget" if budget is not None else "context.max_device_memory"
+        budget_source = f"{where} {given!r}" + (", read as GiB (MindSpore counts its GB as 2^30 bytes: "
+                                                 "mindspore/context.py, max_device_memory)"
+                                                 if isinstance(given, str) and "gb" in given.lower() else "")
     return {"config": cfg, "hardware": hw, "memory": mem, "step": st, "layouts": layouts, "verdict": verdict,
-            "fits": fits, "best_gain": gain, "calibration": calib, "scale": scale}
+            "fits": fits, "best_gain": gain, "calibration": calib, "scale": scale, "smallest": smallest,
+            "moved": moved, "budget_source": budget_source}
+
+
+_MEMORY_TERMS = (("params", "parameters"), ("grads", "gradients"), ("grad_accum_buffer", "the gradient accumulation "
+                 "buffer"), ("optimizer_states", "optimizer states"), ("activations", "activations"))
+
+
+def dominant_term(mem: dict) -> tuple[str, int]:
+    """The largest memory term of the largest stage, as (name, bytes): what an OOM is mostly made of."""
+    i = max(range(len(mem["per_stage_bytes"])), key=lambda k: mem["per_stage_bytes"][k])
+    part = mem["per_stage_breakdown"][i]
+    key, name = max(_MEMORY_TERMS, key=lambda t: part.get(t[0], 0))
+    return f"{name} (stage {i})", int(part.get(key, 0))
 
 
 def _short(changes: dict, n: int = 4) -> str:
@@ -92,10 +136,33 @@ def summary_json(r: dict) -> dict:
                "devices": r["scale"]["devices"], "global_batch": r["scale"]["global_batch"],
                "layout": r["scale"]["row"]["layout"],
                "tokens_per_s_per_device": r["scale"]["row"]["tokens_per_s_per_device"]}}
+    m = cfg.model
+    out.update({
+        "layout_name": layout_name(cfg), "expert_shard": expert_shard(cfg) if m.moe is not None else None,
+        "layers_per_stage": list(cfg.layout.stage_layers), "full_recompute_per_stage": list(cfg.layout.full_recompute),
+        "per_stage_breakdown_bytes": [dict(p) for p in mem["per_stage_breakdown"]],
+        "headroom_bytes": mem["headroom_bytes"], "budget_source": r.get("budget_source"),
+        "dominant_term": None if r["fits"] else dict(zip(("term", "bytes"), dominant_term(mem))),
+        "model": {"name": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads,
+                  "head_dim": m.head_dim, "ffn": m.ffn, "vocab": m.vocab, "seq": m.seq, "attention": m.attention,
+                  "moe": None if m.moe is None else {"routed": m.moe.routed, "top_k": m.moe.top_k,
+                                                     "expert_ffn": m.moe.expert_ffn, "shared": m.moe.shared,
+                                                     "first_dense": m.moe.first_dense},
+                  "mtp": m.mtp, "flash_attention": m.flash},
+        "layouts": [_row_json(x) for x in r["layouts"]],
+        "smallest_change": _row_json(r["smallest"][0]) if r.get("smallest") else None,
+        "moved_to_devices": r.get("moved"),
+        "key_flags": [dict(f) for f in cfg.key_flags],
+        "peak_flops": st["peak_flops"], "mfu_6n": st["mfu_6n"]})
     if r.get("log"):
         skip = ("records", "refit_layouts", "refit_calibration")      # objects; the refit's figures are in "refit"
         out["log"] = {k: v for k, v in r["log"].items() if k not in skip}
     return out
+
+
+def _row_json(row: dict) -> dict:
+    """A layout row without its Config object: every figure the report's table shows, and the changes."""
+    return {k: v for k, v in row.items() if k != "config"}
 
 
 def comm_groups(st: dict) -> list[dict]:
@@ -137,13 +204,22 @@ def render_text(r: dict) -> str:
     cfg, st, mem, hw, cal = r["config"], r["step"], r["memory"], r["hardware"], r["calibration"]
     lay = cfg.layout
     G = 2**30
-    extra = "".join(f", {k} {v}" for k, v in (("ep", lay.ep), ("cp", lay.cp), ("vpp", lay.vpp)) if v > 1)
+    es = f", expert shard {expert_shard(cfg)} (min(ep x tp, dp x tp))" if cfg.model.moe is not None else ""
     L = ["# Config doctor", "", f"**{r['verdict']}**", "",
          f"Model: {_model_line(cfg)}.", "",
-         f"Layout: dp {lay.dp} x tp {lay.tp} x pp {lay.pp}{' x cp ' + str(lay.cp) if lay.cp > 1 else ''} = "
-         f"{lay.devices} devices{extra}, micro-batch {lay.batch} x {lay.n_micro} micro-batches x dp -> global batch "
-         f"{lay.global_batch} of seq {cfg.model.seq}; {lay.compute_dtype}; optimizer sharding {lay.optimizer_shard}; "
-         f"file dialect {cfg.dialect}.", ""]
+         f"Layout: {layout_name(cfg)}: dp {lay.dp} x tp {lay.tp} x pp {lay.pp} x cp {lay.cp} = {lay.devices} devices, "
+         f"vpp {lay.vpp}{', ep ' + str(lay.ep) if cfg.model.moe is not None else ''}{es}; micro-batch {lay.batch} x "
+         f"{lay.n_micro} micro-batches x dp -> global batch {lay.global_batch} of seq {cfg.model.seq}; "
+         f"{lay.compute_dtype}; optimizer sharding {lay.optimizer_shard}; file dialect {cfg.dialect}.", "",
+         f"Layers per pipeline stage: {list(lay.stage_layers)}; fully recomputed per stage: "
+         f"{list(lay.full_recompute)}.", ""]
+    if r.get("moved"):
+        mv = r["moved"]
+        L += [f"On the --devices asked for, the file's own layout ({mv['from_layout']}, {mv['from_devices']} devices) "
+              f"cannot run; every figure below is for {mv['layout']}, the file with: "
+              f"{', '.join(f'{k}: {v}' for k, v in mv['changes'].items()) or 'no key changed'}.", ""]
+    if cfg.key_flags:
+        L += ["Keys the doctor could not use (each read as absent):", ""] + [f"- {f['text']}" for f in cfg.key_flags] + [""]
     if cfg.notes:
         L += ["Assumed by the reader:", ""] + [f"- {n}" for n in cfg.notes] + [""]
     L += ["## Memory per pipeline stage", "",
@@ -154,8 +230,16 @@ def render_text(r: dict) -> str:
         L.append(f"| {i} | {part['params'] / G:.2f} | {(part['grads'] + part['grad_accum_buffer']) / G:.2f} | "
                  f"{part['optimizer_states'] / G:.2f} | {part['activations'] / G:.2f} | {b / G:.2f} | {budget / G:.2f} | "
                  f"{(budget - b) / G:+.2f} |")
-    L += ["", "## Step time, decomposed (seconds per optimizer step)", "", "| term | s | share |", "|---|---|---|"]
+    L += ["", f"Budget: {budget / G:.2f} GiB from {r.get('budget_source', 'the file')}.", ""]
+    if not r["fits"]:
+        term, size = dominant_term(mem)
+        L += [f"Does not fit: the largest term is {term}, {size / G:.2f} GiB of {mem['memory_per_device_bytes'] / G:.2f}.",
+              ""]
+    L += ["## Step time, decomposed (seconds per optimizer step)", "", "| term | s | share |", "|---|---|---|"]
+    zero = [label for k, label in TERMS if k != "compute_s" and st[k] == 0]
     for k, label in TERMS:
+        if k != "compute_s" and st[k] == 0:
+            continue                # a term this layout does not have (listed under the table)
         if k == "compute_s":
             if st.get("moe_capacity_padding", 1.0) > 1.0:   # recompute_factor = hardware / model FLOPs: both in it
                 label = (f"compute (bottleneck stage {st['bottleneck_stage']}, hardware / model FLOPs "
@@ -170,6 +254,8 @@ def render_text(r: dict) -> str:
             label = f"pipeline bubble (1F1B fill/drain{', / VPP ' + str(lay.vpp) if lay.vpp > 1 else ''})"
         L.append(f"| {label} | {st[k]:.3f} | {st[k] / st['step_s']:.1%} |")
     L += [f"| **step** | **{st['step_s']:.3f}** | 100% |", ""]
+    if zero:
+        L += [f"Zero on this layout: {', '.join(zero)}.", ""]
     groups = comm_groups(st)
     if groups:      # where each collective runs: a group that leaves its node is priced on the slower link
         L += ["Communication groups (each group of more than one rank, the links its collective crosses):", "",
@@ -187,12 +273,19 @@ def render_text(r: dict) -> str:
           f"| hardware FLOPs (with recompute) | {st['mfu_hardware']:.1%} |", ""]
     if r.get("log"):
         L += _log_section(r["log"])
+    if r.get("smallest"):
+        sm = r["smallest"][0]
+        L += ["## Smallest change that fits (fewest layout knobs changed, then fastest)", "",
+              f"{sm['layout']}: {sm['knobs']} knob(s), {sm['tokens_per_s_per_device']} tokens/s/p, "
+              f"{sm['memory_GiB']} GiB; changes: {_short(sm['changes'], 8)}"
+              + "".join(f"; {n}" for n in sm.get("notes", [])) + ".", ""]
     if r["layouts"]:
         L += ["## Better layouts (top 5 under the budget, same devices and global batch)", "",
               "| rank | layout | tokens/s/p | step s | memory GiB | changes |", "|---|---|---|---|---|---|"]
         for row in r["layouts"]:
+            notes = "".join(f"; {n}" for n in row.get("notes", []))
             L.append(f"| {row['rank']} | {row['layout']} | {row['tokens_per_s_per_device']} | {row['step_s']} | "
-                     f"{row['memory_GiB']} | {_short(row['changes'], 8)} |")
+                     f"{row['memory_GiB']} | {_short(row['changes'], 8)}{notes} |")
         L.append("")
     L += ["## Where the figures come from", "",
           f"- calibration: compute efficiency {cal.compute_efficiency:.4f} of peak"

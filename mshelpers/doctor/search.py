@@ -10,7 +10,7 @@ import dataclasses
 import math
 from typing import Any
 
-from .cost import memory_per_stage, step_time
+from .cost import expert_shard, memory_per_stage, step_time
 from .describe import Config, DoctorError
 from .hardware import DoctorHardware
 from .variants import edited_yaml, layout_variant
@@ -32,8 +32,30 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def layout_name(c: Config) -> str:
+    """A layout as one string naming every degree: dp, tp, pp, vpp, cp and, for MoE, ep and the expert shard (the
+    ranks one expert's weights are split over, min(ep x tp, dp x tp), cost.expert_shard); then the micro-batch,
+    micro-batches, sequence parallel, parallel optimizer, fully recomputed layers and selective recompute."""
+    lay = c.layout
+    degrees = f"dp{lay.dp}-tp{lay.tp}-pp{lay.pp}-vpp{lay.vpp}-cp{lay.cp}"
+    if c.model.moe is not None:
+        degrees += f"-ep{lay.ep}-es{expert_shard(c)}"
+    return (f"{degrees} b{lay.batch} m{lay.n_micro}" + (" sp" if lay.seq_parallel else "")
+            + (" po" if lay.parallel_optimizer else "") + f" rc{sum(lay.full_recompute)}"
+            + (" sel" if any(lay.select_ops) else ""))
+
+
+def _distance(a: Config, b: Config) -> int:
+    """How many layout knobs differ between two configs: the degrees, the batch split, sequence parallel, the
+    parallel optimizer, and recompute (full and selective, each one knob)."""
+    x, y = a.layout, b.layout
+    knobs = ("dp", "tp", "pp", "vpp", "cp", "ep", "batch", "n_micro", "seq_parallel", "parallel_optimizer",
+             "full_recompute", "select_ops")
+    return sum(getattr(x, k) != getattr(y, k) for k in knobs)
+
+
 def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = None, top: int = 5,
-                   calib: Any = None, global_batch: int | None = None) -> list[dict]:
+                   calib: Any = None, global_batch: int | None = None, rank_by: str = "speed") -> list[dict]:
     """The `top` fitting variants by predicted tokens/s/p, same devices and global batch (or the ones given).
 
     Searched: dp x mp x pp on the devices (mp dividing the heads, pp the layers), the micro-batch size
@@ -42,9 +64,14 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
     select_recompute (SiLU/Mul), full, and per stage the fewest fully recomputed layers (the rest
     SiLU/Mul-selective) that fit the budget.
     Offsets other than the YAML's are not searched (the YAML's are kept when the stage count is).
-    Rows: rank, layout, tokens_per_s_per_device, step_s, memory_GiB, fits, changes (dotted YAML keys), and
-    config: the variant, whose `raw` is its edited file.
+    `rank_by`: "speed" (fastest first) or "change" (fewest layout knobs changed first, then fastest: the smallest
+    change that fits, for a config that does not).
+    Rows: rank, layout, tokens_per_s_per_device, step_s, memory_GiB, fits, changes (dotted YAML keys), knobs
+    (layout knobs changed), notes (an expert shard that moves with dp), and config: the variant, whose `raw` is
+    its edited file.
     """
+    if rank_by not in ("speed", "change"):
+        raise DoctorError("rank_by", rank_by, "'speed' or 'change'")
     devices = devices or cfg.devices
     B = global_batch or cfg.global_batch // cfg.interleave
     budget = cfg.budget_bytes
@@ -113,12 +140,13 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
                             if 0 < sum(counts) < sum(layers):
                                 r = dict(recompute=counts if pp > 1 else counts[0], select_recompute=True)
                                 consider(layout_variant(cfg, **kw, **r), dict(kw, **r))
-    fit = sorted((r for r in rows if r["fits"]), key=lambda r: (-round(r["tokens_per_s_per_device"]), r["memory_bytes"]))
+    speed = lambda r: (-round(r["tokens_per_s_per_device"]), r["memory_bytes"])     # noqa: E731
+    order = speed if rank_by == "speed" else lambda r: (_distance(cfg, r["cfg"]), *speed(r))
+    fit = sorted((r for r in rows if r["fits"]), key=order)
     out, names = [], set()
     for r in fit:
         c = r["cfg"]
-        name = (f"dp{c.dp}-mp{c.mp}-pp{c.pp} b{c.batch} m{c.n_micro}" + (" sp" if c.seq_parallel else "")
-                + (" po" if c.parallel_optimizer else "") + f" rc{sum(c.full_recompute)}")
+        name = layout_name(c)
         if name in names:           # the same layout with a recompute variant that costs the same: keep the leaner
             continue
         names.add(name)
@@ -129,8 +157,19 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
                     "tokens_per_s_per_device": round(r["tokens_per_s_per_device"]), "step_s": round(r["step_s"], 3),
                     "memory_GiB": round(r["memory_bytes"] / 2**30, 2), "fits": r["fits"],
                     "changes": {k: v[1] for k, v in changed_keys(cfg.raw, yaml).items()},
+                    "knobs": _distance(cfg, c), "notes": _shard_notes(cfg, c),
                     "config": dataclasses.replace(c, raw=yaml)})
     return out
+
+
+def _shard_notes(old: Config, new: Config) -> list[str]:
+    """What a layout change moves that its keys do not name: the expert shard min(ep x tp, dp x tp)."""
+    if old.model.moe is None or expert_shard(old) == expert_shard(new):
+        return []
+    a, b = old.layout, new.layout
+    return [f"expert shard {expert_shard(old)} -> {expert_shard(new)} (min(ep x tp, dp x tp) = min({b.ep} x {b.tp}, "
+            f"{b.dp} x {b.tp}), was min({a.ep} x {a.tp}, {a.dp} x {a.tp})): each expert's weights split over "
+            f"{expert_shard(new)} ranks instead of {expert_shard(old)}"]
 
 
 # ---------------------------------------------------------------- a config that cannot fit as shipped

@@ -189,7 +189,7 @@ BAD = {
                                                        _set("parallel_config.micro_batch_num", 2)(d),
                                                        _set("model.model_config.offset", [3, 3])(d)),
                                             [], "model.model_config.offset"),
-    "layout does not divide devices": (lambda d: None, ["--devices", "12"], "parallel_config"),
+    "no layout fits the devices asked for": (lambda d: None, ["--devices", "1"], "--devices"),
     "unknown hardware": (lambda d: None, ["--hardware", "h100"], "--hardware"),
     "unparsable budget in YAML": (_set("context.max_device_memory", "lots"), [], "context.max_device_memory"),
     "unparsable --budget": (lambda d: None, ["--budget", "58 gigs"], "--budget"),
@@ -208,8 +208,8 @@ def test_bad_input_gets_one_line_and_exit_2(case, tmp_path, capsys):
 def test_13b_on_8_cards_without_recompute_does_not_fit_and_the_advice_does(tmp_path, capsys):
     p = _broken(tmp_path, _set("recompute_config.recompute", False))
     code, out, _ = _cli([p, "--json", "--out", tmp_path / "out"], capsys)
-    obj = json.loads(out.strip().splitlines()[-1])
-    assert code == 0 and obj["fits"] is False and obj["memory_per_device_bytes"] > obj["budget_bytes"]
+    obj = json.loads(out)
+    assert code == 1 and obj["fits"] is False and obj["memory_per_device_bytes"] > obj["budget_bytes"]
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.splitlines()[2].startswith("**DOES NOT FIT")          # the report opens with the verdict
     assert "<table" in (tmp_path / "out" / "report.html").read_text()

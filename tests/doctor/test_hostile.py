@@ -133,8 +133,8 @@ def run_doctor(argv: list, capsys) -> str | None:
     except BaseException:                                       # noqa: BLE001 - SystemExit included: main returns
         return "raised:\n" + traceback.format_exc()
     out, err = capsys.readouterr()
-    if code == 0:
-        return None if "Traceback" not in err else f"exit 0 with a traceback on stderr:\n{err}"
+    if code in (0, 1):                                          # fits, does not fit: both answers
+        return None if "Traceback" not in err else f"exit {code} with a traceback on stderr:\n{err}"
     lines = err.splitlines()
     if code == 2 and len(lines) == 1 and lines[0].startswith("doctor: error: ") and "fix:" in lines[0]:
         if CAUGHT_BY_THE_NET.match(lines[0]):

@@ -39,9 +39,9 @@ def _cli(path: str, model_config) -> dict:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = D.cli.main(argv)
-    assert code == 0, (path, err.getvalue())
-    last = [line for line in out.getvalue().splitlines() if line.startswith("{")][-1]
-    return json.loads(last)
+    got = json.loads(out.getvalue())                # --json prints one JSON object and nothing else
+    assert code == (0 if got["fits"] else 1) == got["exit_code"], (path, err.getvalue())
+    return got
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,203 @@
+"""The doctor as a tool an engineer trusts (issue 57): it reads what the file says (an unknown key is named with the
+nearest known one, a missing section as missing), answers the question asked (on an OOM the dominant term and the
+smallest change that fits; --devices N searches N-device layouts), names every degree of a layout (and a moved
+expert shard), and speaks to tools: --json is one JSON object, errors too, exit 0 fits / 1 does not fit / 2 refused."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mshelpers import doctor as D
+from mshelpers.doctor import keys as K
+
+DATA = Path(__file__).parents[1] / "data" / "mindformers"
+Y7, Y13 = DATA / "r1.2.0_pretrain_llama2_7b.yaml", DATA / "r1.2.0_pretrain_llama2_13b.yaml"
+Y70 = DATA / "pretrain_llama2_70b_bf16_32p.yaml"
+QWEN3_MOE = DATA / "2.1.0" / "qwen3_moe" / "pretrain_qwen3_30b_a3b_4k.yaml"
+FIXTURES = sorted(p for p in DATA.rglob("*.yaml"))
+
+
+def _write(tmp_path: Path, d: dict, name: str = "c.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return p
+
+
+def _cli(argv, capsys) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = D.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------- 1. it reads what the file says
+def test_a_misspelled_degree_is_named_with_the_key_it_meant(tmp_path, capsys):
+    d = yaml.safe_load(Y7.read_text())
+    d["parallel_config"]["model_paralel"] = 4
+    cfg = D.read_config(_write(tmp_path, d))
+    [flag] = cfg.key_flags
+    assert flag["key"] == "parallel_config.model_paralel" and flag["suggestion"] == "model_parallel"
+    assert "did you mean `model_parallel`?" in flag["text"] and "not used" in flag["text"]
+    code, out, _ = _cli([_write(tmp_path, d), "--no-search"], capsys)
+    verdict = out.splitlines()[2]
+    assert verdict.startswith("**CHECK THE FILE FIRST: 1 key(s)") and "model_paralel" in verdict
+    code, out, _ = _cli([_write(tmp_path, d), "--no-search", "--json"], capsys)
+    assert [f["key"] for f in json.loads(out)["key_flags"]] == ["parallel_config.model_paralel"]
+
+
+def test_a_key_in_the_wrong_section_says_where_it_belongs(tmp_path):
+    d = yaml.safe_load(Y7.read_text())
+    d["runner_config"]["micro_batch_num"] = 4
+    [flag] = D.read_config(d).key_flags
+    assert flag["text"] == "`runner_config.micro_batch_num`: unknown in `runner_config`; it belongs in `parallel_config`"
+
+
+def test_a_missing_section_is_named_missing_in_each_dialect(tmp_path):
+    d = yaml.safe_load(Y7.read_text())
+    d["paralel_config"] = d.pop("parallel_config")
+    flags = D.read_config(d).key_flags
+    assert [f["key"] for f in flags] == ["parallel_config"]
+    assert "missing section" in flags[0]["text"] and "did you mean `parallel_config`?" in flags[0]["text"]
+    p2 = DATA / "2.1.0" / "deepseek3" / "pretrain_deepseek3_1b_8p_pynative.yaml"
+    d2 = yaml.safe_load(p2.read_text())
+    d2.pop("parallelism")
+    cfg = D.read_config(d2, devices=8)
+    assert [f["key"] for f in cfg.key_flags] == ["parallelism"]
+    # the note on dp no longer reads as if the file set data_parallel_shard
+    assert any("data_parallel_shard=-1 (not set" in n for n in cfg.notes)
+    d2 = yaml.safe_load(p2.read_text())
+    d2["training"]["global_batchsize"] = 8
+    [flag] = D.read_config(d2, devices=8).key_flags
+    assert flag["suggestion"] == "global_batch_size" and "mindformers 2.1.0 refuses unknown keys" in flag["text"]
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: str(p.relative_to(DATA)))
+def test_no_key_of_a_shipped_or_published_file_is_flagged(path):
+    try:
+        cfg = D.read_config(path)
+    except D.DoctorError:
+        pytest.skip("a file the doctor refuses in one line (tested in test_dialects)")
+    assert cfg.key_flags == (), [f["text"] for f in cfg.key_flags]
+
+
+def test_every_priced_key_is_read_by_a_reader():
+    # the vocabulary's "priced" keys are the readers' own: each appears in the readers' source as a key it reads
+    src = "".join((Path(D.__file__).parent / f).read_text() for f in ("readers.py", "layouts.py"))
+    for section, names in K.PRICED.items():
+        for k in names:
+            assert f'"{k}"' in src, (section, k)
+    assert not any(K.PRICED[s] & K.NOT_PRICED.get(s, frozenset()) for s in K.PRICED)
+
+
+# ---------------------------------------------------------------- 6. the question asked
+def test_an_oom_names_the_dominant_term_and_the_smallest_change_first(tmp_path, capsys):
+    d = yaml.safe_load(Y13.read_text())
+    d["recompute_config"]["recompute"] = False
+    r = D.diagnose(d)
+    assert r["fits"] is False
+    part = max(zip(r["memory"]["per_stage_bytes"], r["memory"]["per_stage_breakdown"]), key=lambda t: t[0])[1]
+    biggest = max(("params", "grads", "grad_accum_buffer", "optimizer_states", "activations"), key=part.get)
+    term, size = D.report.dominant_term(r["memory"])
+    assert size == part[biggest] and term.startswith({"activations": "activations", "optimizer_states": "optimizer",
+                                                      "params": "parameters", "grads": "gradients"}.get(biggest, "-"))
+    assert f"the largest term is {term}, {size / 2**30:.1f} GiB" in r["verdict"]
+    [sm] = r["smallest"]
+    # no fitting layout in the search changes fewer knobs, and the fastest changes at least as many
+    everything = D.better_layouts(r["config"], r["hardware"], top=10_000)
+    assert sm["knobs"] == min(x["knobs"] for x in everything) < r["layouts"][0]["knobs"] + 1
+    assert D.diagnose(sm["config"].raw, search=False)["fits"] is True
+    assert r["verdict"].index("smallest change that fits") < r["verdict"].index("fastest that fits")
+    assert sm["changes"] == {"recompute_config.recompute": True} or sm["knobs"] == 1
+
+
+def test_devices_other_than_the_files_searches_that_count(capsys):
+    code, out, err = _cli([Y70, "--devices", "16", "--json"], capsys)
+    j = json.loads(out)
+    assert j["moved_to_devices"]["from_devices"] == 32 and j["layout_name"].startswith("dp")
+    lay = j["layout"]
+    assert lay["data_parallel"] * lay["model_parallel"] * lay["pipeline_stage"] * lay["context_parallel"] == 16
+    assert j["verdict"].startswith("ON 16 DEVICES") and code == (0 if j["fits"] else 1)
+
+
+# ---------------------------------------------------------------- 9. layout strings name every degree
+def test_a_layout_string_names_every_degree_and_a_moved_expert_shard():
+    cfg = D.read_config(QWEN3_MOE)
+    assert D.search.layout_name(cfg).startswith("dp1-tp4-pp4-vpp1-cp1-ep4-es4 ")
+    rows = D.better_layouts(cfg, D.hardware("atlas-800t-a2"))
+    moved = [r for r in rows if D.cost.expert_shard(r["config"]) != D.cost.expert_shard(cfg)]
+    assert moved and all(r["notes"] and f"expert shard 4 -> {D.cost.expert_shard(r['config'])}" in r["notes"][0]
+                         for r in moved)
+    assert all(not r["notes"] for r in rows if r not in moved)
+    dense = D.read_config(Y7)
+    assert D.search.layout_name(dense).startswith("dp8-tp1-pp1-vpp1-cp1 b1 m8")
+
+
+# ---------------------------------------------------------------- 8. output tools can read
+def test_json_is_one_object_with_what_the_text_shows(capsys):
+    code, out, _ = _cli([QWEN3_MOE, "--json"], capsys)
+    j = json.loads(out)                                 # the whole of stdout: nothing before or after
+    assert code == j["exit_code"] == (0 if j["fits"] else 1)
+    assert j["layouts"] and all({"layout", "changes", "tokens_per_s_per_device", "knobs"} <= set(x) for x in j["layouts"])
+    assert len(j["layers_per_stage"]) == j["layout"]["pipeline_stage"] == len(j["per_stage_breakdown_bytes"])
+    assert j["model"]["moe"]["routed"] == 128 and j["expert_shard"] == 4
+    text = subprocess.run([sys.executable, "-m", "mshelpers.doctor", str(QWEN3_MOE), "--json"], capture_output=True,
+                          text=True)
+    assert json.loads(text.stdout) == j                 # `| python -m json.tool` reads it
+
+
+def test_an_error_is_json_too_and_exit_codes_say_fits_does_not_fit_refused(tmp_path, capsys):
+    code, out, err = _cli([tmp_path / "missing.yaml", "--json"], capsys)
+    j = json.loads(out)
+    assert code == 2 == j["exit_code"] and j["error"]["field"] == "CONFIG" and "fix" in j["error"]
+    assert err.startswith("doctor: error: ") and len(err.splitlines()) == 1
+    code, out, err = _cli([tmp_path / "missing.yaml"], capsys)
+    assert code == 2 and out == ""
+    d = yaml.safe_load(Y13.read_text())
+    d["recompute_config"]["recompute"] = False
+    assert _cli([_write(tmp_path, d), "--no-search"], capsys)[0] == 1
+    assert _cli([Y7, "--no-search"], capsys)[0] == 0
+
+
+def test_text_format_is_plain_and_every_flag_has_help(capsys):
+    code, out, _ = _cli([Y7, "--no-search", "--format", "text"], capsys)
+    assert code == 0 and "**" not in out and not any(line.startswith("#") for line in out.splitlines())
+    assert out.splitlines()[:2] == ["Config doctor", "============="]
+    with pytest.raises(SystemExit):
+        D.main(["--help"])
+    helptext = capsys.readouterr().out
+    for flag in ("--hardware", "--devices", "--budget", "--model-config", "--release", "--log", "--refit", "--out",
+                 "--format", "--json", "--no-search"):
+        block = helptext.split(flag, 1)[1].split("\n  --", 1)[0]
+        assert len(block.split()) > 3, (flag, block)
+    assert "exit codes: 0" in helptext
+
+
+def test_the_console_script_is_the_module():
+    script = Path(sys.executable).parent / "ms-doctor"
+    assert script.exists(), "pip install -e . puts ms-doctor beside the interpreter"
+    a = subprocess.run([str(script), str(Y7), "--no-search", "--json"], capture_output=True, text=True)
+    b = subprocess.run([sys.executable, "-m", "mshelpers.doctor", str(Y7), "--no-search", "--json"],
+                       capture_output=True, text=True)
+    assert a.returncode == b.returncode == 0 and json.loads(a.stdout) == json.loads(b.stdout)
+
+
+# ---------------------------------------------------------------- 11. minor
+def test_zero_terms_are_listed_not_tabled_and_the_budget_says_gib(capsys):
+    code, out, _ = _cli([Y7, "--no-search"], capsys)
+    table = out.split("## Step time", 1)[1].split("**step**", 1)[0]
+    assert "| 0.000 | 0.0% |" not in table and "no flash attention" not in table
+    assert "Zero on this layout: attention scores through HBM (no flash attention)" in out
+    assert "context.max_device_memory '58GB', read as GiB (MindSpore counts its GB as 2^30 bytes" in out
+
+
+def test_the_offset_message_says_remainder_not_percent():
+    d = yaml.safe_load(Y7.read_text())
+    d["parallel_config"].update(pipeline_stage=3, micro_batch_num=3)
+    d["model"]["model_config"]["offset"] = [1, 1, 1]
+    with pytest.raises(D.DoctorError) as e:
+        D.read_config(d)
+    assert " % " not in str(e.value) and "the remainder of 32 layers divided by 3 x 1 chunks" in str(e.value)
