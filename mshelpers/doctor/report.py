@@ -12,6 +12,7 @@ from .cost import TERMS, expert_shard, memory_per_stage, mtp_params, param_count
 from .describe import DoctorError
 from .hardware import hardware
 from .readers import read_config
+from .yamledit import YamlEditError, edit_yaml_text, follow_derived
 from .search import as_shipped_limit, better_layouts, layout_name, smallest_fitting_scale
 
 def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: int | None = None,
@@ -456,20 +457,34 @@ def write_outputs(r: dict, out_dir: str, source_path: str | None = None) -> dict
     os.makedirs(out_dir, exist_ok=True)
     d = copy.deepcopy(r["config"].raw)
     best = r["layouts"][0] if r["layouts"] and (r["best_gain"] > 0.005 or not r["fits"]) else None
-    if best:
-        for k, v in best["changes"].items():
-            node = d
-            *parents, last = k.split(".")
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[last] = v
+    # against the source file: the move to --devices (already in config.raw) and then the best layout's keys
+    moved = (r.get("moved") or {}).get("changes", {})
+    changes = follow_derived(d, best["changes"]) if best else {}
+    text_changes = {**moved, **changes}
+    for k, v in changes.items():
+        node = d
+        *parents, last = k.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = v
     paths = {"yaml": os.path.join(out_dir, "improved.yaml"), "md": os.path.join(out_dir, "report.md"),
              "html": os.path.join(out_dir, "report.html")}
     head = (f"# Written by mshelpers.doctor from {source_path or 'a config'}; changed keys: "
-            f"{', '.join(best['changes']) if best else 'none'}\n")
+            f"{', '.join(text_changes) or 'none'}\n")
+    body, how = yaml.safe_dump(d, sort_keys=False), "dumped whole (no source text)"
+    if source_path and os.path.isfile(str(source_path)):
+        try:
+            with open(source_path) as f:
+                text = f.read()
+            import yaml as _y
+            body, how = edit_yaml_text(text, follow_derived(_y.safe_load(text), text_changes)), "edited in place"
+        except (OSError, UnicodeDecodeError, YamlEditError) as e:
+            how = f"dumped whole: the source could not be edited in place ({e}); its comments are not kept"
+    head += f"# {how}\n"
+    r["yaml_written"] = how
     pics = figures(r, out_dir)
     md = render_text(r) + "".join(f"\n![{k}]({os.path.basename(v)})\n" for k, v in pics.items())
-    for path, text in ((paths["yaml"], head + yaml.safe_dump(d, sort_keys=False)), (paths["md"], md),
+    for path, text in ((paths["yaml"], head + body), (paths["md"], md),
                        (paths["html"], _html(md))):
         tmp = path + ".tmp"
         with open(tmp, "w") as f:           # written whole, then renamed: a full disk leaves the old file

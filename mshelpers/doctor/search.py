@@ -156,10 +156,29 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
         out.append({"rank": len(out) + 1, "layout": name,
                     "tokens_per_s_per_device": round(r["tokens_per_s_per_device"]), "step_s": round(r["step_s"], 3),
                     "memory_GiB": round(r["memory_bytes"] / 2**30, 2), "fits": r["fits"],
-                    "changes": {k: v[1] for k, v in changed_keys(cfg.raw, yaml).items()},
+                    "changes": {k: v[1] for k, v in changed_keys(cfg.raw, yaml).items()
+                                if not _noop(cfg.raw, k, v[1])},
                     "knobs": _distance(cfg, c), "notes": _shard_notes(cfg, c),
                     "config": dataclasses.replace(c, raw=yaml)})
     return out
+
+
+# What mindformers takes for a key the file leaves out (RunnerConfig, TransformerOpParallelConfig,
+# TransformerRecomputeConfig and the auto-parallel context's defaults): writing it would change nothing.
+_ABSENT_MEANS = {"gradient_accumulation_steps": 1, "micro_batch_num": 1, "expert_parallel": 1, "context_parallel": 1,
+                 "use_seq_parallel": False, "select_recompute": False, "recompute": False, "offset": 0,
+                 "enable_parallel_optimizer": False, "pp_interleave_num": 1}
+
+
+def _noop(raw: dict, dotted: str, new: Any) -> bool:
+    """A change that only spells out, in a key the file leaves out, the value mindformers already takes."""
+    node: Any = raw
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            last = dotted.rsplit(".", 1)[-1]
+            return last in _ABSENT_MEANS and new == _ABSENT_MEANS[last]
+        node = node[part]
+    return False
 
 
 def _shard_notes(old: Config, new: Config) -> list[str]:

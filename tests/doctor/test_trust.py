@@ -201,3 +201,76 @@ def test_the_offset_message_says_remainder_not_percent():
     with pytest.raises(D.DoctorError) as e:
         D.read_config(d)
     assert " % " not in str(e.value) and "the remainder of 32 layers divided by 3 x 1 chunks" in str(e.value)
+
+
+# ---------------------------------------------------------------- 2. it writes what mindformers runs
+def _comments(text: str) -> list[str]:
+    return [line.split("#", 1)[1] for line in text.splitlines() if "#" in line]
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: str(p.relative_to(DATA)))
+def test_every_fixture_is_edited_in_place_only_where_it_changes(path):
+    from mshelpers.doctor.yamledit import edit_yaml_text, follow_derived
+    text = path.read_text()
+    d = yaml.safe_load(text)
+    if "parallel_config" in d:
+        ch = {"parallel_config.data_parallel": 3, "recompute_config.recompute": [1, 2, 3],
+              "runner_config.gradient_accumulation_steps": 5, "parallel_config.use_seq_parallel": True}
+    elif "parallelism" in d:
+        ch = {"parallelism.tensor_parallel": 3, "training.global_batch_size": 77}
+    else:
+        pytest.skip("not a training file (a config.json-only fixture)")
+    ch = follow_derived(d, ch)
+    new = edit_yaml_text(text, ch)
+    want = yaml.safe_load(text)
+    for k, v in ch.items():
+        node = want
+        *parents, last = k.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = v
+    assert yaml.safe_load(new) == want
+    old_lines, new_lines = text.splitlines(), new.splitlines()
+    kept = [line for line in old_lines if line in new_lines]
+    assert len(old_lines) - len(kept) <= len(ch) + sum(1 for line in old_lines if line.lstrip().startswith("- "))
+    assert set(_comments(text)) - set(_comments(new)) <= {c for line in old_lines if line not in new_lines
+                                                          for c in _comments(line)}
+    if "&dp" in text:
+        assert "&dp 3" in new and new.count("*dp") == text.count("*dp")     # the alias follows dp
+
+
+def test_out_writes_the_file_with_only_its_changes_and_it_reads_back_to_the_same_prediction(tmp_path, capsys):
+    src = DATA / "master_pretrain_qwen3_32b_4k.yaml"             # comments, anchors (&dp, *dp) and offsets
+    text = src.read_text()
+    p = tmp_path / "mine.yaml"
+    p.write_text(text)
+    code, out, _ = _cli([p, "--json", "--out", tmp_path / "o"], capsys)
+    j = json.loads(out)
+    new = (tmp_path / "o" / "improved.yaml").read_text()
+    assert "# edited in place" in new.splitlines()[1]
+    body = "\n".join(new.splitlines()[2:])
+    best = j["layouts"][0] if j["layouts"] and (j["best_gain"] > 0.005 or not j["fits"]) else None
+    changed = D.changed_keys(yaml.safe_load(text), yaml.safe_load(body))
+    expect = set(best["changes"]) if best else set()
+    if best and "parallel_config.data_parallel" in best["changes"]:
+        expect.add("parallel.dataset_strategy")                         # derived: it follows dp (an alias here)
+    assert set(changed) == expect
+    assert set(_comments(text)) <= set(_comments(body)) | {c for line in text.splitlines() if line not in body
+                                                           for c in _comments(line)}
+    assert "gradient_accumulation_steps: 1" not in body or "gradient_accumulation_steps: 1" in text
+    if best:
+        again = D.diagnose(str(tmp_path / "o" / "improved.yaml"), search=False)
+        assert round(again["step"]["tokens_per_s_per_device"]) == best["tokens_per_s_per_device"]
+        assert round(again["memory"]["memory_per_device_bytes"] / 2**30, 2) == best["memory_GiB"]
+
+
+def test_out_on_other_devices_moves_dp_and_its_alias_follows(tmp_path, capsys):
+    src = DATA / "master_pretrain_qwen3_32b_4k.yaml"
+    code, out, _ = _cli([src, "--devices", "16", "--json", "--out", tmp_path / "o"], capsys)
+    j = json.loads(out)
+    body = (tmp_path / "o" / "improved.yaml").read_text()
+    got = yaml.safe_load(body)
+    dp = got["parallel_config"]["data_parallel"]
+    assert dp * got["parallel_config"]["model_parallel"] * got["parallel_config"]["pipeline_stage"] == 16
+    assert all(x[0] == dp for x in got["parallel"]["dataset_strategy"]) and body.count("*dp") == src.read_text().count("*dp")
+    assert D.diagnose(str(tmp_path / "o" / "improved.yaml"), search=False)["config"].devices == 16
