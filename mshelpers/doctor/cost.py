@@ -233,7 +233,9 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     tokens_micro = lay.batch * lay.interleave * m.seq / lay.cp     # tokens of one micro-batch on one device
     peak = hw.peak(lay.compute_dtype)
     rate = _rate(peak, calib, m.hidden / lay.tp)
-    rate_attn = rate * calib.attention_efficiency * head_dim_factor(m, calib)
+    # a head dim wider than 128 raises the kernels' rate (head_dim_factor > 1), but no kernel outruns the matmul
+    # rate it is a share of: at MLA's 512 it would reach 1.4x the datasheet peak (DeepSeek-V4 Flash)
+    rate_attn = rate * min(1.0, calib.attention_efficiency * head_dim_factor(m, calib))
     rate_expert = _rate(peak, calib, m.moe.expert_ffn / lay.tp) if m.moe is not None else rate
     f_comm = calib.comm_time_factor
     act_bytes = tokens_micro * m.hidden * 2
@@ -244,6 +246,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     ep_lat = topology.ring_link(hw, spans["EP"])[1]
     ids = stage_layer_ids(cfg)
     per_stage, comp, hbm, tps, eps, cps, p2ps, hw_flops_total = [], [], [], [], [], [], [], 0.0
+    extra_flops_total = 0.0             # what the hardware does beyond the model's FLOPs: recompute, padded slots
     for i in range(lay.pp):
         ops = [layer_ops(m, j) for j in ids[i]]
         pads = [capacity_padding_flops(m, j) for j in ids[i]]
@@ -269,6 +272,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
         flops_attn = tokens_micro * (3 * attn + rec_attn) / lay.tp
         flops_expert = tokens_micro * (3 * sum(experts) + rec_expert) / lay.tp
         hw_flops_total += flops * lay.tp * lay.dp * lay.cp
+        extra_flops_total += tokens_micro * rec * lay.dp * lay.cp + tokens_micro * 3 * sum(pads) * lay.dp * lay.cp
         c = (flops - flops_attn - flops_expert) / rate + flops_attn / rate_attn + flops_expert / rate_expert
         n = len(ids[i])
         a = 0.0
@@ -346,7 +350,9 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     tokens = lay.global_batch * m.seq
     tps_dev = tokens / (step * lay.devices)
     f = flops_per_token(m)
-    hw_per_token = hw_flops_total * nm / tokens
+    # hardware FLOPs = the model's (PaLM's count) + the work recompute and capacity padding add, as the step
+    # above charges it: never below the model FLOPs, and equal to them with neither
+    hw_per_token = f["palm"] + extra_flops_total * nm / tokens
     times = {"TP": tp_s, "CP": cp_s, "EP": ep_s, "PP": p2p_s, "DP": 2 * one_dense, "EDP": 2 * one_expert}
     group_rows = [{"group": k, "size": sp["size"], "span": sp["span"], "nodes": sp["nodes"], "link": sp["link"],
                    "time_s": times[k]} for k, sp in spans.items() if m.moe is not None or k not in ("EP", "EDP")]

@@ -274,3 +274,19 @@ def test_out_on_other_devices_moves_dp_and_its_alias_follows(tmp_path, capsys):
     assert dp * got["parallel_config"]["model_parallel"] * got["parallel_config"]["pipeline_stage"] == 16
     assert all(x[0] == dp for x in got["parallel"]["dataset_strategy"]) and body.count("*dp") == src.read_text().count("*dp")
     assert D.diagnose(str(tmp_path / "o" / "improved.yaml"), search=False)["config"].devices == 16
+
+
+# ---------------------------------------------------------------- 7. one FLOP bookkeeping
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: str(p.relative_to(DATA)))
+def test_model_flops_never_exceed_hardware_flops_nor_hardware_mfu_the_rate_it_runs_at(path):
+    try:
+        cfg = D.read_config(path)
+    except D.DoctorError:
+        pytest.skip("a file the doctor refuses in one line (tested in test_dialects)")
+    st = D.step_time(cfg, D.hardware("atlas-800t-a2"))
+    assert st["mfu_6n"] <= st["mfu_attention"] <= st["mfu_hardware"] <= D.CALIBRATION.compute_efficiency
+    lay = cfg.layout
+    # selective recompute of elementwise ops (SiLU, Mul) adds no matmul FLOPs; of a matmul or attention it does
+    matmul_selected = any(D.cost.pattern_ops(pat) for stage in lay.select_ops for pat, _ in stage)
+    extra = any(lay.full_recompute) or matmul_selected or st["moe_capacity_padding"] > 1
+    assert (st["recompute_factor"] > 1) == extra and st["recompute_factor"] >= 1
