@@ -242,7 +242,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     spans = {k: topology.span(v, hw.devices_per_node) for k, v in topology.groups(lay, cfg.dialect).items()}
     tp_bw, tp_lat = topology.ring_link(hw, spans["TP"])
     cp_bw, cp_lat = topology.ring_link(hw, spans["CP"])
-    pp_bw, pp_lat = topology.ring_link(hw, spans["PP"])
+    stage_ranks = lay.dp * lay.cp * lay.tp                         # ranks per pipeline stage (stages outermost)
     ep_lat = topology.ring_link(hw, spans["EP"])[1]
     ids = stage_layer_ids(cfg)
     per_stage, comp, hbm, tps, eps, cps, p2ps, hw_flops_total = [], [], [], [], [], [], [], 0.0
@@ -307,8 +307,17 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
                 x = (lay.cp - 1) * one * (3 * n + n_full)                 # forward, backward x2, recompute
         p = 0.0
         if lay.pp > 1:
+            # per micro-batch and chunk, the stage sends its activations on to the next stage and its input
+            # gradients back to the one before (interleaved: the last stage's next is stage 0), each on the link
+            # that hop crosses: stages that share a node talk over its mesh, a hop between nodes over the NIC
             sent = act_bytes / (lay.tp if lay.seq_parallel else 1)
-            p = 2 * lay.vpp * (sent / pp_bw * f_comm + pp_lat)
+            nxt, prev = (i + 1) % lay.pp, (i - 1) % lay.pp
+            if lay.vpp == 1:                    # no wrap-around: the end stages have one neighbour, both ways
+                nxt, prev = (prev if i == lay.pp - 1 else nxt), (nxt if i == 0 else prev)
+            for j in (nxt, prev):
+                bw, lat = topology.ring_link(hw, topology.span(sorted({i * stage_ranks, j * stage_ranks}),
+                                                               hw.devices_per_node))
+                p += lay.vpp * (sent / bw * f_comm + lat)
         comp.append(c), hbm.append(a), tps.append(t), eps.append(e), cps.append(x), p2ps.append(p)
         per_stage.append(c + a + t + e + x + p)
     b = max(range(lay.pp), key=lambda k: per_stage[k])
@@ -363,7 +372,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
             "n_active_params": param_count(m, active=True),
             "mfu_6n": f["6n"] * tps_dev / peak, "mfu_attention": f["palm"] * tps_dev / peak,
             "mfu_hardware": hw_per_token * tps_dev / peak, "peak_flops": peak,
-            "per_stage_s": per_stage, "bottleneck_stage": b, "recompute_factor": hw_per_token / f["palm"],
+            "per_stage_s": per_stage, "per_stage_p2p_s": p2ps, "bottleneck_stage": b, "recompute_factor": hw_per_token / f["palm"],
             "global_batch": lay.global_batch, "micro_batches": nm,
             "moe_capacity_padding": m.moe.slots() / m.moe.top_k if m.moe is not None else 1.0,
             "groups": group_rows}

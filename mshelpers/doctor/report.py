@@ -13,7 +13,7 @@ from .describe import DoctorError
 from .hardware import hardware
 from .readers import read_config
 from .yamledit import YamlEditError, edit_yaml_text, follow_derived
-from .search import as_shipped_limit, better_layouts, layout_name, smallest_fitting_scale
+from .search import as_shipped_limit, better_layouts, layout_answers, layout_name, smallest_fitting_scale
 
 def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: int | None = None,
              budget: Any = None, calib: Calibration = CALIBRATION, search: bool = True,
@@ -43,10 +43,13 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
     mem = memory_per_stage(cfg)
     st = step_time(cfg, hw, calib)
     fits = bool(mem["fits"])
-    layouts = better_layouts(cfg, hw, calib=calib) if search else []
-    smallest = better_layouts(cfg, hw, calib=calib, rank_by="change", top=1) if search and not fits else []
+    answers = layout_answers(cfg, hw, calib=calib, current_tokens_per_s=st["tokens_per_s_per_device"]) \
+        if search else {}
+    layouts = answers.get("fastest", [])
+    smallest = answers.get("smallest", []) if not fits else []
     best = layouts[0] if layouts else None
     gain = best["tokens_per_s_per_device"] / st["tokens_per_s_per_device"] - 1 if best else 0.0
+    small_gain = answers.get("smallest_gain", []) if fits else []
     G = 2**30
     verdict = (f"{'FITS' if fits else 'DOES NOT FIT'}: largest stage {mem['memory_per_device_bytes'] / G:.1f} GiB "
                f"against {mem['budget_bytes'] / G:.1f} GiB (headroom {mem['headroom_bytes'] / G:+.1f} GiB); "
@@ -68,6 +71,10 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
                         f"{best['tokens_per_s_per_device']} tokens/s/p")
     elif best and gain > 0.005:
         verdict += f"; best change: {best['layout']} ({_short(best['changes'])}) predicted {gain:+.1%}"
+        sg = small_gain[0] if small_gain else None
+        if sg and sg["layout"] != best["layout"] and sg["knobs"] < best["knobs"]:
+            g = sg["tokens_per_s_per_device"] / st["tokens_per_s_per_device"] - 1
+            verdict += f"; smallest change that gains: {_short(sg['changes'])} ({sg['knobs']} knob(s)) predicted {g:+.1%}"
     elif best:
         verdict += "; no searched change predicts more than +0.5%"
     else:
@@ -101,6 +108,7 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
                                                  if isinstance(given, str) and "gb" in given.lower() else "")
     return {"config": cfg, "hardware": hw, "memory": mem, "step": st, "layouts": layouts, "verdict": verdict,
             "fits": fits, "best_gain": gain, "calibration": calib, "scale": scale, "smallest": smallest,
+            "smallest_gain": small_gain,
             "moved": moved, "budget_source": budget_source}
 
 
@@ -141,6 +149,8 @@ def summary_json(r: dict) -> dict:
     out.update({
         "layout_name": layout_name(cfg), "expert_shard": expert_shard(cfg) if m.moe is not None else None,
         "layers_per_stage": list(cfg.layout.stage_layers), "full_recompute_per_stage": list(cfg.layout.full_recompute),
+        "per_stage_s": list(st["per_stage_s"]), "per_stage_p2p_s": list(st.get("per_stage_p2p_s", [])),
+        "bottleneck_stage": st["bottleneck_stage"],
         "per_stage_breakdown_bytes": [dict(p) for p in mem["per_stage_breakdown"]],
         "headroom_bytes": mem["headroom_bytes"], "budget_source": r.get("budget_source"),
         "dominant_term": None if r["fits"] else dict(zip(("term", "bytes"), dominant_term(mem))),
@@ -152,6 +162,7 @@ def summary_json(r: dict) -> dict:
                   "mtp": m.mtp, "flash_attention": m.flash},
         "layouts": [_row_json(x) for x in r["layouts"]],
         "smallest_change": _row_json(r["smallest"][0]) if r.get("smallest") else None,
+        "smallest_change_that_gains": _row_json(r["smallest_gain"][0]) if r.get("smallest_gain") else None,
         "moved_to_devices": r.get("moved"),
         "key_flags": [dict(f) for f in cfg.key_flags],
         "peak_flops": st["peak_flops"], "mfu_6n": st["mfu_6n"]})
@@ -236,6 +247,15 @@ def render_text(r: dict) -> str:
         term, size = dominant_term(mem)
         L += [f"Does not fit: the largest term is {term}, {size / G:.2f} GiB of {mem['memory_per_device_bytes'] / G:.2f}.",
               ""]
+    if lay.pp > 1:          # the balance: the slowest stage sets every micro-batch's pace, the others idle
+        per = st["per_stage_s"]
+        L += ["## Pipeline stages (time per micro-batch; the slowest stage binds)", "",
+              "| stage | layers | fully recomputed | s per micro-batch | of which point-to-point | vs slowest |",
+              "|---|---|---|---|---|---|"]
+        for i, t in enumerate(per):
+            L.append(f"| {i} | {lay.stage_layers[i]} | {lay.full_recompute[i]} | {t:.4f} | "
+                     f"{st['per_stage_p2p_s'][i]:.4f} | {t / max(per) - 1:+.1%} |")
+        L.append("")
     L += ["## Step time, decomposed (seconds per optimizer step)", "", "| term | s | share |", "|---|---|---|"]
     zero = [label for k, label in TERMS if k != "compute_s" and st[k] == 0]
     for k, label in TERMS:
@@ -280,6 +300,12 @@ def render_text(r: dict) -> str:
               f"{sm['layout']}: {sm['knobs']} knob(s), {sm['tokens_per_s_per_device']} tokens/s/p, "
               f"{sm['memory_GiB']} GiB; changes: {_short(sm['changes'], 8)}"
               + "".join(f"; {n}" for n in sm.get("notes", [])) + ".", ""]
+    if r.get("smallest_gain") and r["layouts"] and r["smallest_gain"][0]["layout"] != r["layouts"][0]["layout"]:
+        sg = r["smallest_gain"][0]
+        L += ["## Smallest change that gains (fewest layout knobs changed for more than +0.5 %, then fastest)", "",
+              f"{sg['layout']}: {sg['knobs']} knob(s), {sg['tokens_per_s_per_device']} tokens/s/p "
+              f"({sg['tokens_per_s_per_device'] / st['tokens_per_s_per_device'] - 1:+.1%}), {sg['memory_GiB']} GiB; "
+              f"changes: {_short(sg['changes'], 8)}" + "".join(f"; {n}" for n in sg.get("notes", [])) + ".", ""]
     if r["layouts"]:
         L += ["## Better layouts (top 5 under the budget, same devices and global batch)", "",
               "| rank | layout | tokens/s/p | step s | memory GiB | changes |", "|---|---|---|---|---|---|"]

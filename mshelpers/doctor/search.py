@@ -10,7 +10,7 @@ import dataclasses
 import math
 from typing import Any
 
-from .cost import expert_shard, memory_per_stage, step_time
+from .cost import expert_shard, head_flops, layer_ops, memory_per_stage, step_time
 from .describe import Config, DoctorError
 from .hardware import DoctorHardware
 from .variants import edited_yaml, layout_variant
@@ -35,22 +35,54 @@ def _divisors(n: int) -> list[int]:
 def layout_name(c: Config) -> str:
     """A layout as one string naming every degree: dp, tp, pp, vpp, cp and, for MoE, ep and the expert shard (the
     ranks one expert's weights are split over, min(ep x tp, dp x tp), cost.expert_shard); then the micro-batch,
-    micro-batches, sequence parallel, parallel optimizer, fully recomputed layers and selective recompute."""
+    micro-batches, sequence parallel, parallel optimizer, fully recomputed layers, selective recompute, and the
+    layers per stage when the stages are uneven."""
     lay = c.layout
     degrees = f"dp{lay.dp}-tp{lay.tp}-pp{lay.pp}-vpp{lay.vpp}-cp{lay.cp}"
     if c.model.moe is not None:
         degrees += f"-ep{lay.ep}-es{expert_shard(c)}"
     return (f"{degrees} b{lay.batch} m{lay.n_micro}" + (" sp" if lay.seq_parallel else "")
             + (" po" if lay.parallel_optimizer else "") + f" rc{sum(lay.full_recompute)}"
-            + (" sel" if any(lay.select_ops) else ""))
+            + (" sel" if any(lay.select_ops) else "")
+            + (f" L{'/'.join(map(str, lay.stage_layers))}" if len(set(lay.stage_layers)) > 1 else ""))
+
+
+def _offsets(cfg: Config, pp: int) -> list:
+    """Offsets worth pricing for `pp` stages: 0 (mindformers' even split, the remainder said by stage_split) and
+    the split that evens the stages' compute, the last stage carrying the LM head (and MTP) as extra layers'
+    worth of FLOPs. mindformers' rule: a stage gets layers // pp + its offset, the offsets summing to the
+    remainder (model.model_config.offset)."""
+    m, L = cfg.model, cfg.model.layers
+    if L < pp:
+        return []
+    per_layer = sum(sum(layer_ops(m, i).values()) for i in range(L)) / L
+    extra = [0.0] * pp
+    extra[-1] = head_flops(m) / per_layer
+    target = (L + sum(extra)) / pp
+    want = [max(1.0, target - e) for e in extra]
+    layers = [int(w) for w in want]
+    order = sorted(range(pp), key=lambda k: want[k] - layers[k], reverse=True)
+    k = 0
+    while sum(layers) < L:                      # the largest remainders first, then round-robin
+        layers[order[k % pp]] += 1
+        k += 1
+    while sum(layers) > L:
+        j = max(range(pp), key=lambda q: layers[q] - want[q])
+        layers[j] -= 1
+    base = L // pp
+    balanced = [n - base for n in layers]
+    out = [0]
+    if any(balanced) and sum(balanced) == L % pp and balanced != [0] * pp:
+        out.append(balanced)
+    return out
 
 
 def _distance(a: Config, b: Config) -> int:
     """How many layout knobs differ between two configs: the degrees, the batch split, sequence parallel, the
-    parallel optimizer, and recompute (full and selective, each one knob)."""
+    parallel optimizer, recompute (full and selective, each one knob) and the stage split (offset)."""
     x, y = a.layout, b.layout
     knobs = ("dp", "tp", "pp", "vpp", "cp", "ep", "batch", "n_micro", "seq_parallel", "parallel_optimizer",
-             "full_recompute", "select_ops")
+             "full_recompute", "select_ops", "stage_layers")
     return sum(getattr(x, k) != getattr(y, k) for k in knobs)
 
 
@@ -63,7 +95,8 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
     (with mp > 1), the parallel optimizer (static dialects; 2.x always shards with FSDP), and recompute: none,
     select_recompute (SiLU/Mul), full, and per stage the fewest fully recomputed layers (the rest
     SiLU/Mul-selective) that fit the budget.
-    Offsets other than the YAML's are not searched (the YAML's are kept when the stage count is).
+    Offsets (static dialects, no interleaving): the file's own, 0, and the split that evens the stages' compute
+    (`_offsets`); per-stage recompute is searched on each.
     `rank_by`: "speed" (fastest first) or "change" (fewest layout knobs changed first, then fastest: the smallest
     change that fits, for a config that does not).
     Rows: rank, layout, tokens_per_s_per_device, step_s, memory_GiB, fits, changes (dotted YAML keys), knobs
@@ -72,6 +105,13 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
     """
     if rank_by not in ("speed", "change"):
         raise DoctorError("rank_by", rank_by, "'speed' or 'change'")
+    return _ranked(cfg, _candidates(cfg, hw, devices=devices, calib=calib, global_batch=global_batch), rank_by, top)
+
+
+def _candidates(cfg: Config, hw: DoctorHardware, *, devices: int | None, calib: Any,
+                global_batch: int | None) -> list[dict]:
+    """Every searched variant, priced: rows of cfg, kw (the static keys), tokens_per_s_per_device, step_s,
+    memory_bytes, fits (better_layouts' docstring says what is searched)."""
     devices = devices or cfg.devices
     B = global_batch or cfg.global_batch // cfg.interleave
     budget = cfg.budget_bytes
@@ -79,7 +119,7 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
 
     def consider(c: Config, kw: dict):
         key = (c.dp, c.mp, c.pp, c.layout.ep, c.micro, c.batch, c.grad_accum, c.seq_parallel, c.parallel_optimizer,
-               c.full_recompute, tuple(tuple(sorted(s)) for s in c.select_ops))
+               c.full_recompute, tuple(tuple(sorted(s)) for s in c.select_ops), c.layout.stage_layers)
         if key in seen:
             return
         seen.add(key)
@@ -88,6 +128,35 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
         rows.append({"cfg": c, "kw": kw, "tokens_per_s_per_device": st["tokens_per_s_per_device"],
                      "step_s": st["step_s"], "memory_bytes": e["memory_per_device_bytes"],
                      "fits": bool(e["fits"]) if e["fits"] is not None else True})
+
+    def price(kw: dict, pp: int) -> None:
+        """Every recompute choice of one layout: none, selective, full, and per stage the fewest full layers that
+        fit (the rest SiLU/Mul-selective)."""
+        if "offset" in kw and "pp_interleave_num" not in kw and cfg.layout.vpp > 1:
+            kw["pp_interleave_num"] = 1
+        recomputes = [dict(recompute=False, select_recompute=False), dict(recompute=False, select_recompute=True),
+                      dict(recompute=True, select_recompute=False)]
+        try:
+            variants = [layout_variant(cfg, **kw, **r) for r in recomputes]
+        except DoctorError:
+            return
+        for v, r in zip(variants, recomputes):
+            consider(v, dict(kw, **r))
+        if budget is None:
+            return
+        layers = list(variants[0].stage_layers)
+        counts: list[int] = []
+        for i in range(pp):
+            lo, hi = 0, layers[i]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                trial = [layers[j] if j > i else (mid if j == i else counts[j]) for j in range(pp)]
+                e = memory_per_stage(layout_variant(cfg, **kw, recompute=trial, select_recompute=True))
+                lo, hi = (lo, mid) if e["per_stage_bytes"][i] <= budget else (mid + 1, hi)
+            counts.append(lo)
+        if 0 < sum(counts) < sum(layers):
+            r = dict(recompute=counts if pp > 1 else counts[0], select_recompute=True)
+            consider(layout_variant(cfg, **kw, **r), dict(kw, **r))
 
     cp, ep = cfg.layout.cp, cfg.layout.ep
     for mp in _divisors(devices // cp):
@@ -110,36 +179,32 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
                     base["offset"] = 0
                     if cfg.layout.vpp > 1:
                         base["pp_interleave_num"] = 1
+                splits = [{}]           # the file's own stage split, then the offsets that balance the stages
+                if pp > 1 and cfg.dialect != "pynative" and (pp != cfg.pp or cfg.layout.vpp == 1):
+                    splits = [{}] + [{"offset": o} for o in _offsets(cfg, pp) if o != base.get("offset")]
                 if cfg.model.moe is not None and (dp * mp) % ep:
                     base["expert_parallel"] = math.gcd(ep, dp * mp)
                 for sp in ([True, False] if mp > 1 else [False]):
                     for po in ((True,) if cfg.dialect == "pynative" else (True, False)):
-                        kw = dict(base, use_seq_parallel=sp, enable_parallel_optimizer=po)
-                        recomputes = [dict(recompute=False, select_recompute=False),
-                                      dict(recompute=False, select_recompute=True),
-                                      dict(recompute=True, select_recompute=False)]
-                        try:
-                            variants = [layout_variant(cfg, **kw, **r) for r in recomputes]
-                        except DoctorError:
-                            continue
-                        for v, r in zip(variants, recomputes):
-                            consider(v, dict(kw, **r))
-                        # per stage: the fewest full-recompute layers that fit, the rest SiLU/Mul-selective
-                        if budget is not None:
-                            layers = list(variants[0].stage_layers)
-                            counts = []
-                            for i in range(pp):
-                                lo, hi = 0, layers[i]
-                                while lo < hi:
-                                    mid = (lo + hi) // 2
-                                    trial = [layers[j] if j > i else (mid if j == i else counts[j]) for j in range(pp)]
-                                    e = memory_per_stage(layout_variant(cfg, **kw, recompute=trial,
-                                                                        select_recompute=True))
-                                    lo, hi = (lo, mid) if e["per_stage_bytes"][i] <= budget else (mid + 1, hi)
-                                counts.append(lo)
-                            if 0 < sum(counts) < sum(layers):
-                                r = dict(recompute=counts if pp > 1 else counts[0], select_recompute=True)
-                                consider(layout_variant(cfg, **kw, **r), dict(kw, **r))
+                        for split in splits:
+                            price(dict(base, use_seq_parallel=sp, enable_parallel_optimizer=po, **split), pp)
+    return rows
+
+
+def layout_answers(cfg: Config, hw: DoctorHardware, *, calib: Any = None, top: int = 5,
+                   current_tokens_per_s: float | None = None) -> dict[str, list[dict]]:
+    """One search, three answers: "fastest" (the top layouts by speed), "smallest" (the fewest knobs changed that
+    fit, then fastest) and "smallest_gain" (the fewest knobs changed that predict more than +0.5 % over
+    `current_tokens_per_s`, then fastest)."""
+    rows = _candidates(cfg, hw, devices=cfg.devices, calib=calib, global_batch=None)
+    out = {"fastest": _ranked(cfg, rows, "speed", top), "smallest": _ranked(cfg, rows, "change", 1)}
+    if current_tokens_per_s:
+        faster = [r for r in rows if r["tokens_per_s_per_device"] > 1.005 * current_tokens_per_s]
+        out["smallest_gain"] = _ranked(cfg, faster, "change", 1)
+    return out
+
+
+def _ranked(cfg: Config, rows: list[dict], rank_by: str, top: int) -> list[dict]:
     speed = lambda r: (-round(r["tokens_per_s_per_device"]), r["memory_bytes"])     # noqa: E731
     order = speed if rank_by == "speed" else lambda r: (_distance(cfg, r["cfg"]), *speed(r))
     fit = sorted((r for r in rows if r["fits"]), key=order)

@@ -290,3 +290,38 @@ def test_model_flops_never_exceed_hardware_flops_nor_hardware_mfu_the_rate_it_ru
     matmul_selected = any(D.cost.pattern_ops(pat) for stage in lay.select_ops for pat, _ in stage)
     extra = any(lay.full_recompute) or matmul_selected or st["moe_capacity_padding"] > 1
     assert (st["recompute_factor"] > 1) == extra and st["recompute_factor"] >= 1
+
+
+# ---------------------------------------------------------------- 5 and 10. pipeline balance, each hop on its link
+YI34 = DATA / "r1.2.0_pretrain_yi_34b.yaml"
+
+
+def test_each_stage_is_tabled_and_each_hop_priced_on_the_link_it_crosses(capsys):
+    code, out, _ = _cli([YI34, "--no-search", "--json"], capsys)
+    j = json.loads(out)
+    # dp1 tp4 pp4 on 16 devices: stages 0-1 on node 0, 2-3 on node 1; only the 1 <-> 2 hop leaves a node
+    p2p = j["per_stage_p2p_s"]
+    assert j["layers_per_stage"] == [14, 16, 16, 14] and len(j["per_stage_s"]) == 4
+    assert p2p[0] == p2p[3] < p2p[1] == p2p[2]
+    hw = D.hardware("atlas-800t-a2")
+    # stage 0 makes both its sends over the node's mesh, stage 1 one of them over the NIC: the byte times of the
+    # two hops stand in the ratio of the two links' datasheet rates
+    intra_hop = p2p[0] / 2 - hw.intra_latency_s
+    inter_hop = p2p[1] - p2p[0] / 2 - hw.inter_latency_s
+    assert inter_hop / intra_hop == pytest.approx(hw.intra_link_bytes_per_s * hw.links_per_device
+                                                  / hw.inter_bytes_per_s, rel=1e-6)
+    code, out, _ = _cli([YI34, "--no-search"], capsys)
+    table = out.split("## Pipeline stages", 1)[1].split("##", 1)[0]
+    assert len([line for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()]) == 4
+
+
+def test_an_unbalanced_offset_is_fixed_by_the_smallest_change_that_gains():
+    d = yaml.safe_load(YI34.read_text())
+    d["model"]["model_config"]["offset"] = [3, -1, -1, -1]          # 18/14/14/14: stage 0 binds
+    r = D.diagnose(d)
+    [sg] = r["smallest_gain"]
+    assert sg["changes"] == {"model.model_config.offset": 0} and sg["knobs"] == 1
+    fixed = D.diagnose(sg["config"].raw, search=False)
+    assert fixed["step"]["tokens_per_s_per_device"] / r["step"]["tokens_per_s_per_device"] - 1 > 0.10
+    assert max(fixed["step"]["per_stage_s"]) < max(r["step"]["per_stage_s"])
+    assert "smallest change that gains: offset=0 (1 knob(s))" in r["verdict"]
