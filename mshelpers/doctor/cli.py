@@ -59,12 +59,20 @@ def measured_run(r: dict, log_path: str, *, refit: bool = False, skip: int | Non
         before = r["layouts"] or better_layouts(cfg, hw, calib=cal)
         after = better_layouts(cfg, hw, calib=new)
         out["refit"] = {"compute_efficiency": eff, "was": cal.compute_efficiency, "calibration": new.row(),
+                        "assumption": REFIT_ASSUMPTION,
                         "predicted_tokens_per_s_per_device": again, "error": again / measured - 1,
                         "before": [f"{x['layout']} ({x['tokens_per_s_per_device']})" for x in before],
                         "after": [f"{x['layout']} ({x['tokens_per_s_per_device']})" for x in after]}
         out["refit_layouts"] = after
         out["refit_calibration"] = new
     return out
+
+
+# What a refit on one run assumes, said wherever its figures are shown
+REFIT_ASSUMPTION = ("the whole error is put on the compute efficiency: one run's step time cannot tell compute from "
+                    "communication apart, and compute is most of the step on every published run (the other "
+                    "constants, fitted on mindformers' published figures, are kept); a run whose error is in its "
+                    "communication (a slow link, another topology) will carry it into every layout's compute")
 
 
 def refit_efficiency(cfg, hw, cal, measured: float, rel_tol: float = 1e-4) -> float:
@@ -169,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         r = diagnose(a.config, a.hardware, a.devices, a.budget, search=not a.no_search, model_config=a.model_config,
                      release=a.release)
         if a.log:
-            r["log"] = measured_run(r, a.log, refit=a.refit)
+            lg = measured_run(r, a.log, refit=a.refit)
+            if a.refit:     # everything the report says from here on is priced with the refitted calibration
+                r = diagnose(a.config, a.hardware, a.devices, a.budget, calib=lg["refit_calibration"],
+                             search=not a.no_search, model_config=a.model_config, release=a.release)
+            r["log"] = lg
         text = render_text(r)
         paths = None
         if a.out:

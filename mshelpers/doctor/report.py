@@ -334,7 +334,8 @@ def _log_section(lg: dict) -> list[str]:
          "| | tokens/s/p | MFU 6N | MFU with attention | MFU hardware |", "|---|---|---|---|---|",
          f"| measured (median of steady steps) | {lg['measured_tokens_per_s_per_device']:.0f} | {lg['mfu_6n']:.1%} | "
          f"{lg['mfu_attention']:.1%} | {lg['mfu_hardware']:.1%} |",
-         f"| doctor's prediction | {lg['predicted_tokens_per_s_per_device']:.0f} | | | |", "",
+         f"| doctor's prediction{' (before the refit)' if lg.get('refit') else ''} | "
+         f"{lg['predicted_tokens_per_s_per_device']:.0f} | | | |", "",
          f"Prediction error: **{lg['error']:+.1%}** (predicted / measured - 1), measured quartiles "
          f"{lg['measured_q1']:.0f}-{lg['measured_q3']:.0f} tokens/s/p; MFU against {lg['peak_flops'] / 1e12:.1f} "
          f"TFLOPS ({lg['peak_source']}).", ""]
@@ -348,6 +349,8 @@ def _log_section(lg: dict) -> list[str]:
         L += [f"Re-fitted on this run (the fit set: {lg['path']}): compute efficiency {rf['compute_efficiency']:.4f} "
               f"(was {rf['was']:.4f}){kept}. The refitted model predicts "
               f"{rf['predicted_tokens_per_s_per_device']:.0f} tokens/s/p for this run ({rf['error']:+.2%}). "
+              f"The verdict, every table above and below and the sources use the refitted calibration. Assumed: "
+              f"{rf.get('assumption', 'the whole error is put on the compute efficiency')}. "
               "Top layouts before and after:", "",
               "| rank | before | after |", "|---|---|---|"]
         for i in range(max(len(rf["before"]), len(rf["after"]))):

@@ -325,3 +325,19 @@ def test_an_unbalanced_offset_is_fixed_by_the_smallest_change_that_gains():
     assert fixed["step"]["tokens_per_s_per_device"] / r["step"]["tokens_per_s_per_device"] - 1 > 0.10
     assert max(fixed["step"]["per_stage_s"]) < max(r["step"]["per_stage_s"])
     assert "smallest change that gains: offset=0 (1 knob(s))" in r["verdict"]
+
+
+# ---------------------------------------------------------------- 4. the refit reaches everything
+def test_after_refit_the_headline_layouts_and_sources_use_the_refitted_calibration(capsys):
+    log = Path(__file__).parents[1] / "data" / "logs" / "llama2_7b_dp8.log"      # 4000 tokens/s/p measured
+    code, out, _ = _cli([Y7, "--log", log, "--refit", "--json"], capsys)
+    j = json.loads(out)
+    rf = j["log"]["refit"]
+    assert j["tokens_per_s_per_device"] == pytest.approx(rf["predicted_tokens_per_s_per_device"], rel=1e-9)
+    assert j["tokens_per_s_per_device"] == pytest.approx(4000, rel=1e-3)      # what the run measured
+    assert [f"{x['layout']} ({x['tokens_per_s_per_device']})" for x in j["layouts"]] == rf["after"]
+    assert f"predicted {j['tokens_per_s_per_device']:.0f} tokens/s/p" in j["verdict"]
+    assert "whole error is put on the compute efficiency" in rf["assumption"]
+    code, out, _ = _cli([Y7, "--log", log, "--refit"], capsys)
+    sources = out.split("## Where the figures come from", 1)[1]
+    assert f"compute efficiency {rf['compute_efficiency']:.4f} of peak" in sources and str(log) in sources
