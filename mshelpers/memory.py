@@ -572,6 +572,7 @@ def estimate_from_mindformers_yaml(path: Any, *, budget_bytes: float | None = No
     cfg = D.read_config(path, budget=budget_bytes, model_config=model_config)
     if cfg.budget_bytes is None:
         cfg = replace(cfg, budget_bytes=int(D.hardware(hardware).memory_bytes))
+    cfg = D.with_reserve(cfg, D.hardware(hardware))       # HCCL's buffers kept free, as the doctor keeps them
     mem = D.memory_per_stage(cfg)
     lay, total = cfg.layout, mem["memory_per_device_bytes"]
     out: dict[str, Any] = dict(mem["breakdown"])
@@ -580,6 +581,7 @@ def estimate_from_mindformers_yaml(path: Any, *, budget_bytes: float | None = No
                dp=lay.dp, tp=lay.tp, pp=lay.pp, micro_batch_num=lay.micro, micro_batch=lay.batch,
                grad_accum_steps=lay.grad_accum, parallel_optimizer=lay.parallel_optimizer,
                budget=mem["budget_bytes"], fits=mem["fits"], headroom=mem["headroom_bytes"],
+               reserve=mem["reserve_bytes"],
                source=str(path) if not isinstance(path, dict) else "<dict>", config=cfg)
     return out
 

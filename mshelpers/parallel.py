@@ -409,6 +409,8 @@ def _priced(dcfg: Any, hardware: Any, schedule: str, v: int, order: str, fits_kn
     """The planner's Layout for a doctor Config: memory and traffic from the doctor, step time on `hardware`."""
     D, adapt, P = _sibling("doctor"), _sibling("doctor.adapt"), _sibling("pipeline")
     lay = dcfg.layout
+    if hardware is not None:        # HCCL's buffers kept free on a device with a pool, as the doctor keeps them
+        dcfg = D.with_reserve(dcfg, hardware.to_doctor()[0])
     mem = D.memory_per_stage(dcfg)
     totals, parts = list(mem["per_stage_bytes"]), [dict(p) for p in mem["per_stage_breakdown"]]
     if lay.pp > 1 and (schedule == "gpipe" or (schedule == "interleaved" and order == "memory")):
@@ -427,7 +429,7 @@ def _priced(dcfg: Any, hardware: Any, schedule: str, v: int, order: str, fits_kn
                   comm_dp_bytes=round(t["dp"]), comm_tp_bytes=round(t["tp"]), comm_pp_bytes=round(t["pp"]),
                   model_state_bytes=part["params"] + part["grads"] + part["optimizer_states"]
                   + part["grad_accum_buffer"], activation_bytes=part["activations"],
-                  fits=(total <= dcfg.budget_bytes) if fits_known else None,
+                  fits=(total + mem["reserve_bytes"] <= dcfg.budget_bytes) if fits_known else None,
                   step_time=_step(dcfg, hardware) if hardware is not None else None,
                   schedule=schedule if lay.pp > 1 else "1f1b", virtual_stages=v if lay.pp > 1 else 1,
                   interleaved_order=order, cp=lay.cp, ep=lay.ep, comm_ep_bytes=round(t["ep"]),

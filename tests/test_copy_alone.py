@@ -163,6 +163,9 @@ CALLS: dict[str, str] = {
         assert m.rank_map(c.layout, "r1.x", 8)[7]["dp"] == 7 and "check_rules.py" in m.as_shipped_limit(c)
         assert m.off_families([{"role": "check", "family": "x", "moe": True, "error": 0.6, "fits": True}]) == {("x", True)}
         assert m.changed_keys({"a": {"b": 1}}, {"a": {"b": 2}}) == {"a.b": (1, 2)}
+        rs = m.memory_reserve(c, m.hardware("atlas-800t-a2"))        # dp8: the DP group and the world
+        assert rs["groups"] == ["DP", "world"] and rs["bytes"] == 2 * 2 * 200 * 2**20
+        assert m.with_reserve(c, m.hardware("atlas-800t-a2")).hccl_reserve and not c.hccl_reserve
         assert m.calibration_summary([{"role": "check", "error": 0.1, "fits": True}])["median_abs_error"] == 0.1
         try:
             m.read_config({"a": 1})

@@ -43,8 +43,8 @@ from .calibration import (CALIBRATION, FIT_POINTS, GUIDE_SOURCE, OFF_FAMILIES, C
                           guide_13b_ranking, guide_13b_steps, kendall_tau, off_families,
                           ranking_groups, release_of)
 from .cli import main, measured_run
-from .cost import (TERMS, flops_per_token, layer_ops, memory_per_stage, mtp_params, param_count, pattern_ops,
-                   stage_params, step_time)
+from .cost import (TERMS, flops_per_token, layer_ops, memory_per_stage, memory_reserve, mtp_params, param_count,
+                   pattern_ops, stage_params, step_time, with_reserve)
 from .cpu_check import (CPU_ALLREDUCE_SIZES, CPU_CHECK_SET, CPU_FIT_SET, cpu_check, cpu_hardware,
                         fit_cpu_calibration, measure_cpu_steps, mini_config, predict_cpu)
 from .describe import Config, DoctorError, Layout, Model, MoE

@@ -385,6 +385,37 @@ TERMS = (("compute_s", "compute"), ("attn_hbm_s", "attention scores through HBM 
 
 
 # ---------------------------------------------------------------- memory
+HCCL_BUFFSIZE_BYTES = 200 * 2**20      # CANN's default HCCL_BUFFSIZE: 200 MB (envvar reference, HCCL_BUFFSIZE)
+RESERVE_SOURCE = ("HCCL's send and receive buffers, 2 x HCCL_BUFFSIZE (200 MB by default) for every communication "
+                  "domain a rank joins, exclusive to HCCL and not shared with other memory (CANN environment "
+                  "variable reference, HCCL_BUFFSIZE); counted against the budget whichever allocator holds them. "
+                  "Workspace and fragmentation have no published figure for MindSpore's pool and are not in it")
+
+
+def memory_reserve(cfg: Config, hw: Any) -> dict[str, Any]:
+    """Device memory a rank needs besides its tensors: HCCL's buffers, 2 x HCCL_BUFFSIZE per communication domain
+    (each of the rank's groups of more than one rank, and the world). None on hardware without a device pool (the
+    CPU). Returns bytes, domains, groups (their names) and source."""
+    if not getattr(hw, "device_pool", True):
+        return {"bytes": 0, "domains": 0, "groups": [], "source": "none on this hardware (no HCCL)"}
+    names = _domains(cfg)
+    return {"bytes": 2 * HCCL_BUFFSIZE_BYTES * len(names), "domains": len(names), "groups": names,
+            "source": RESERVE_SOURCE}
+
+
+def _domains(cfg: Config) -> list[str]:
+    names = [k for k, ranks in topology.groups(cfg.layout, cfg.dialect).items() if len(ranks) > 1
+             and (cfg.model.moe is not None or k not in ("EP", "EDP"))]
+    return names + (["world"] if cfg.devices > 1 else [])
+
+
+def with_reserve(cfg: Config, hw: Any) -> Config:
+    """`cfg` priced with the reserve on `hw` (none on the CPU): what every entry point prices a file with. The
+    bytes follow the layout (memory_per_stage counts the domains of the layout it prices)."""
+    from dataclasses import replace
+    return replace(cfg, hccl_reserve=bool(getattr(hw, "device_pool", True)))
+
+
 def memory_per_stage(cfg: Config) -> dict[str, Any]:
     """Peak bytes per device of each pipeline stage, against the budget, with the largest stage's breakdown
     (params, grads, optimizer_states, activations, grad_accum_buffer)."""
@@ -423,9 +454,11 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
                       "activations": int(activations), "grad_accum_buffer": int(buffer)})
     peak = max(range(lay.pp), key=lambda k: totals[k])
     budget = cfg.budget_bytes
+    reserve = 2 * HCCL_BUFFSIZE_BYTES * len(_domains(cfg)) if cfg.hccl_reserve else 0
     return {"per_stage_bytes": totals, "memory_per_device_bytes": totals[peak], "stage": peak,
-            "budget_bytes": budget, "fits": None if budget is None else totals[peak] <= budget,
-            "headroom_bytes": None if budget is None else budget - totals[peak], "breakdown": parts[peak],
+            "budget_bytes": budget, "reserve_bytes": reserve,
+            "fits": None if budget is None else totals[peak] + reserve <= budget,
+            "headroom_bytes": None if budget is None else budget - reserve - totals[peak], "breakdown": parts[peak],
             "per_stage_breakdown": parts}
 
 

@@ -194,6 +194,7 @@ class Config:
     model_config: Any = field(default=None, compare=False, repr=False)   # the config.json merged, if any
     release: tuple = ()             # the mindformers release the file runs on, when given (read_config(release=))
     key_flags: tuple = field(default=(), compare=False)   # unknown keys and missing sections (keys.key_flags)
+    hccl_reserve: bool = False      # keep HCCL's buffers free inside the budget (cost.memory_reserve; Ascend only)
 
     # the flat names of the single-dataclass doctor, kept for code written against it
     def __getattr__(self, name: str) -> Any:

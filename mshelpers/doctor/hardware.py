@@ -38,6 +38,7 @@ class DoctorHardware:
     inter_latency_s: float
     memory_bytes: float                  # device memory (the budget when the YAML gives none)
     dp_overlap: float = 1.0              # share of the last backward the DP reduction can hide behind (CPU: 0)
+    device_pool: bool = True             # MindSpore's device memory pool and HCCL (report.memory_reserve); CPU: no
     sources: dict = field(default_factory=dict, compare=False)
 
     def peak(self, dtype: str) -> float:
@@ -86,7 +87,7 @@ def hardware(name: str = "atlas-800t-a2") -> DoctorHardware:
     return DoctorHardware(name=f"this machine ({info.get('cpu_model')})", peak_flops={"float32": peak,
                           "float16": peak, "bfloat16": peak}, hbm_bytes_per_s=20e9, intra_link_bytes_per_s=1e9,
                           links_per_device=1, inter_bytes_per_s=1e9, devices_per_node=cores,
-                          intra_latency_s=1e-3, inter_latency_s=1e-3, memory_bytes=mem,
+                          intra_latency_s=1e-3, inter_latency_s=1e-3, memory_bytes=mem, device_pool=False,
                           sources={"peak": src, "hbm": "assumed 20 GB/s (not measured)",
                                    "intra": "assumed (not measured; see parallel.measure_collectives)",
                                    "inter": "one machine", "node": "one machine"})

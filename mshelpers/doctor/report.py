@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from .calibration import CALIBRATION, Calibration
-from .cost import TERMS, expert_shard, memory_per_stage, mtp_params, param_count, step_time
+from .cost import TERMS, expert_shard, memory_per_stage, memory_reserve, mtp_params, param_count, step_time, with_reserve
 from .describe import DoctorError
 from .hardware import hardware
 from .readers import read_config
@@ -28,6 +28,7 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
     cfg = read_config(path_or_dict, budget=budget, model_config=model_config, devices=devices, release=release)
     if cfg.budget_bytes is None:
         cfg = replace(cfg, budget_bytes=int(hw.memory_bytes))
+    cfg = with_reserve(cfg, hw)
     moved = None
     if devices is not None and devices != cfg.devices:
         # the file's own layout needs cfg.devices: search the layouts of the same model and batch on `devices`
@@ -42,6 +43,7 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
         cfg = replace(rows[0]["config"], key_flags=cfg.key_flags, notes=cfg.notes)
     mem = memory_per_stage(cfg)
     st = step_time(cfg, hw, calib)
+    reserve = memory_reserve(cfg, hw)
     fits = bool(mem["fits"])
     answers = layout_answers(cfg, hw, calib=calib, current_tokens_per_s=st["tokens_per_s_per_device"]) \
         if search else {}
@@ -108,7 +110,7 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
                                                  if isinstance(given, str) and "gb" in given.lower() else "")
     return {"config": cfg, "hardware": hw, "memory": mem, "step": st, "layouts": layouts, "verdict": verdict,
             "fits": fits, "best_gain": gain, "calibration": calib, "scale": scale, "smallest": smallest,
-            "smallest_gain": small_gain,
+            "smallest_gain": small_gain, "reserve": reserve,
             "moved": moved, "budget_source": budget_source}
 
 
@@ -153,6 +155,7 @@ def summary_json(r: dict) -> dict:
         "bottleneck_stage": st["bottleneck_stage"],
         "per_stage_breakdown_bytes": [dict(p) for p in mem["per_stage_breakdown"]],
         "headroom_bytes": mem["headroom_bytes"], "budget_source": r.get("budget_source"),
+        "reserve": r.get("reserve"),
         "dominant_term": None if r["fits"] else dict(zip(("term", "bytes"), dominant_term(mem))),
         "model": {"name": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads,
                   "head_dim": m.head_dim, "ffn": m.ffn, "vocab": m.vocab, "seq": m.seq, "attention": m.attention,
@@ -235,14 +238,20 @@ def render_text(r: dict) -> str:
     if cfg.notes:
         L += ["Assumed by the reader:", ""] + [f"- {n}" for n in cfg.notes] + [""]
     L += ["## Memory per pipeline stage", "",
-          "| stage | params GiB | grads GiB | optimizer GiB | activations GiB | total GiB | budget GiB | headroom GiB |",
+          "| stage | params GiB | grads GiB | optimizer GiB | activations GiB | total GiB | budget GiB | headroom "
+          "GiB (after the reserve) |",
           "|---|---|---|---|---|---|---|---|"]
     budget = mem["budget_bytes"] or 0
     for i, (b, part) in enumerate(zip(mem["per_stage_bytes"], mem["per_stage_breakdown"])):
         L.append(f"| {i} | {part['params'] / G:.2f} | {(part['grads'] + part['grad_accum_buffer']) / G:.2f} | "
                  f"{part['optimizer_states'] / G:.2f} | {part['activations'] / G:.2f} | {b / G:.2f} | {budget / G:.2f} | "
-                 f"{(budget - b) / G:+.2f} |")
-    L += ["", f"Budget: {budget / G:.2f} GiB from {r.get('budget_source', 'the file')}.", ""]
+                 f"{(budget - mem.get('reserve_bytes', 0) - b) / G:+.2f} |")
+    rs = r.get("reserve") or {}
+    if rs.get("bytes"):
+        L.append(f"| reserve | | | | | {rs['bytes'] / G:.2f} | | HCCL buffers: 2 x HCCL_BUFFSIZE (200 MB) x "
+                 f"{rs['domains']} communication domains ({', '.join(rs['groups'])}) |")
+    L += ["", f"Budget: {budget / G:.2f} GiB from {r.get('budget_source', 'the file')}; headroom after the reserve "
+          f"{(mem['headroom_bytes'] or 0) / G:+.2f} GiB. The reserve: {rs.get('source', 'none')}.", ""]
     if not r["fits"]:
         term, size = dominant_term(mem)
         L += [f"Does not fit: the largest term is {term}, {size / G:.2f} GiB of {mem['memory_per_device_bytes'] / G:.2f}.",

@@ -318,10 +318,10 @@ def test_each_stage_is_tabled_and_each_hop_priced_on_the_link_it_crosses(capsys)
 def test_an_unbalanced_offset_is_fixed_by_the_smallest_change_that_gains():
     d = yaml.safe_load(YI34.read_text())
     d["model"]["model_config"]["offset"] = [3, -1, -1, -1]          # 18/14/14/14: stage 0 binds
-    r = D.diagnose(d)
+    r = D.diagnose(d, budget="60GB")            # (at the file's 57GB stage 0 no longer fits beside HCCL's buffers)
     [sg] = r["smallest_gain"]
     assert sg["changes"] == {"model.model_config.offset": 0} and sg["knobs"] == 1
-    fixed = D.diagnose(sg["config"].raw, search=False)
+    fixed = D.diagnose(sg["config"].raw, search=False, budget="60GB")
     assert fixed["step"]["tokens_per_s_per_device"] / r["step"]["tokens_per_s_per_device"] - 1 > 0.10
     assert max(fixed["step"]["per_stage_s"]) < max(r["step"]["per_stage_s"])
     assert "smallest change that gains: offset=0 (1 knob(s))" in r["verdict"]
@@ -341,3 +341,23 @@ def test_after_refit_the_headline_layouts_and_sources_use_the_refitted_calibrati
     code, out, _ = _cli([Y7, "--log", log, "--refit"], capsys)
     sources = out.split("## Where the figures come from", 1)[1]
     assert f"compute efficiency {rf['compute_efficiency']:.4f} of peak" in sources and str(log) in sources
+
+
+
+# ---------------------------------------------------------------- 3. memory with a reserve
+def test_fits_means_fits_beside_hcclS_buffers_and_the_report_says_the_headroom(capsys):
+    cfg = D.read_config(Y70)                    # dp1 tp4 pp8 on 32 cards
+    r = D.diagnose(str(Y70), search=False)
+    rs = r["reserve"]
+    assert rs["groups"] == ["TP", "PP", "world"] and rs["bytes"] == 3 * 2 * 200 * 2**20
+    mem = r["memory"]
+    assert mem["headroom_bytes"] == cfg.budget_bytes - rs["bytes"] - mem["memory_per_device_bytes"]
+    # a budget between the tensors alone and the tensors with the reserve: it does not fit, and says so
+    tight = mem["memory_per_device_bytes"] + rs["bytes"] // 2
+    r2 = D.diagnose(str(Y70), search=False, budget=tight)
+    assert r2["fits"] is False and r2["memory"]["headroom_bytes"] < 0
+    assert D.diagnose(str(Y70), search=False, budget=tight + rs["bytes"])["fits"] is True
+    code, out, _ = _cli([Y70, "--no-search"], capsys)
+    assert "| reserve | | | | | 1.17 | | HCCL buffers: 2 x HCCL_BUFFSIZE (200 MB) x 3 communication domains" in out
+    assert f"headroom after the reserve {mem['headroom_bytes'] / 2**30:+.2f} GiB" in out
+    assert D.memory_reserve(cfg, D.hardware("cpu"))["bytes"] == 0           # no HCCL on the CPU
