@@ -124,8 +124,10 @@ def edit_yaml_text(text: str, changes: dict[str, Any]) -> str:
         lines.insert(_block_end(lines, i, indent), f"{' ' * child_indent}{last}: {flow(v)}")
     new = "\n".join(lines)
     want = copy.deepcopy(yaml.safe_load(text))
+    shared = alias_paths(text)
     for dotted, v in changes.items():
-        _set(want, dotted, v)
+        for path in [dotted, *shared.get(dotted, ())]:     # an anchored value: its aliases follow it
+            _set(want, path, v)
     try:
         got = yaml.safe_load(new)
     except yaml.YAMLError as e:
@@ -133,6 +135,33 @@ def edit_yaml_text(text: str, changes: dict[str, Any]) -> str:
     if got != want:
         raise YamlEditError("the edited text does not read back as the intended mapping")
     return new
+
+
+def alias_paths(text: str) -> dict[str, list[str]]:
+    """{dotted key: the other dotted keys that hold the same node}: an anchored value (`batch_size: &bs 1`) and
+    its aliases (`batch_size: *bs`), which change together when the anchored line does."""
+    import yaml
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return {}
+    seen: dict[int, list[str]] = {}
+
+    def walk(node: Any, path: str, depth: int = 0) -> None:
+        if depth > 50:
+            return
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = f"{path}.{k.value}" if path else str(k.value)
+                seen.setdefault(id(v), []).append(key)
+                walk(v, key, depth + 1)
+    walk(root, "")
+    out: dict[str, list[str]] = {}
+    for paths in seen.values():
+        if len(paths) > 1:
+            for p in paths:
+                out[p] = [q for q in paths if q != p]
+    return out
 
 
 _MISSING = object()

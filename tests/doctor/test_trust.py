@@ -361,3 +361,29 @@ def test_fits_means_fits_beside_hcclS_buffers_and_the_report_says_the_headroom(c
     assert "| reserve | | | | | 1.17 | | HCCL buffers: 2 x HCCL_BUFFSIZE (200 MB) x 3 communication domains" in out
     assert f"headroom after the reserve {mem['headroom_bytes'] / 2**30:+.2f} GiB" in out
     assert D.memory_reserve(cfg, D.hardware("cpu"))["bytes"] == 0           # no HCCL on the CPU
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: str(p.relative_to(DATA)))
+def test_every_fixture_edited_in_place_reads_back_to_the_variants_prediction(path):
+    """The file --out would write for a variant (here: selective recompute and twice the micro-batch, in the
+    file's own dialect) is the source text with those keys edited, and reads back to the variant's price."""
+    from mshelpers.doctor.yamledit import edit_yaml_text, follow_derived
+    try:
+        cfg = D.read_config(path)
+    except D.DoctorError:
+        pytest.skip("a file the doctor refuses in one line (tested in test_dialects)")
+    kw = dict(recompute=False, select_recompute=True)
+    if cfg.dialect == "pynative":
+        kw = {}                                     # 2.x: recompute keys are not the static ones
+    try:
+        variant = D.layout_variant(cfg, **kw, batch_size=cfg.layout.batch * 2)
+    except D.DoctorError:
+        pytest.skip("the variant is not a valid layout of this file")
+    target = D.edited_yaml(cfg, **kw, batch_size=cfg.layout.batch * 2)
+    changes = {k: v[1] for k, v in D.changed_keys(cfg.raw, target).items()}
+    text = edit_yaml_text(path.read_text(), follow_derived(cfg.raw, changes))
+    again = D.read_config(yaml.safe_load(text), model_config=cfg.model_config)
+    hw = D.hardware("atlas-800t-a2")
+    assert again.layout == variant.layout
+    assert D.step_time(again, hw)["step_s"] == D.step_time(variant, hw)["step_s"]
+    assert D.memory_per_stage(again)["memory_per_device_bytes"] == D.memory_per_stage(variant)["memory_per_device_bytes"]
