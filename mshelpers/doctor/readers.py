@@ -145,6 +145,10 @@ def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str
     if kv > a or a % kv:
         raise DoctorError(f"{where}.{_pick(mc, 'kv_heads', where, dialect)[0]}", kv,
                           f"a kv-head count dividing the head count {a}")
+    fdm = mc.get("ffn_dim_multiplier")
+    if fdm is not None and (isinstance(fdm, bool) or not isinstance(fdm, (int, float)) or fdm <= 0):
+        raise DoctorError(f"{where}.ffn_dim_multiplier", fdm, "a positive number (LlamaConfig multiplies 4 x hidden "
+                          "by it; TeleChat gives the FFN width itself), or leave it out")
     if isinstance(mc.get("ffn_dim_multiplier"), float) and not math.isfinite(mc["ffn_dim_multiplier"]):
         raise DoctorError(f"{where}.ffn_dim_multiplier", mc["ffn_dim_multiplier"], "a finite FFN width multiplier "
                           "(e.g. 1.3), or leave it out")

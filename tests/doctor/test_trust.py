@@ -387,3 +387,12 @@ def test_every_fixture_edited_in_place_reads_back_to_the_variants_prediction(pat
     assert again.layout == variant.layout
     assert D.step_time(again, hw)["step_s"] == D.step_time(variant, hw)["step_s"]
     assert D.memory_per_stage(again)["memory_per_device_bytes"] == D.memory_per_stage(variant)["memory_per_device_bytes"]
+
+
+@pytest.mark.parametrize("bad", [{}, [], "1.3", True, -1, 0])
+def test_an_ffn_multiplier_that_is_not_a_positive_number_is_refused(bad):
+    d = yaml.safe_load((DATA / "r1.2.0_finetune_llama3_70b.yaml").read_text())
+    d["model"]["model_config"]["ffn_dim_multiplier"] = bad
+    with pytest.raises(D.DoctorError) as e:
+        D.read_config(d)
+    assert e.value.field == "model.model_config.ffn_dim_multiplier"
