@@ -439,6 +439,13 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
         assert hw.peak("float32") == 1e11 and hw.dp_overlap == 0"""),
     ("doctor", "measure_cpu_steps"): (_TRAIN_CHAIN, ""),
     ("doctor", "better_layouts"): (("memory",), ""),
+    ("doctor", "layout_answers"): (("memory",), """
+        d = {"model": {"model_config": {"hidden_size": 1024, "num_layers": 8, "num_heads": 16, "vocab_size": 32000,
+                                        "seq_length": 2048}},
+             "parallel_config": {"data_parallel": 8}, "runner_config": {"batch_size": 1},
+             "context": {"max_device_memory": "58GB"}}
+        got = m.layout_answers(m.read_config(d), m.hardware("atlas-800t-a2"))
+        assert got["fastest"] and len(got["smallest"]) == 1"""),
     ("doctor", "smallest_fitting_scale"): (("memory",), ""),
     ("doctor", "calibration_table"): (("memory",), ""),
     ("doctor", "guide_13b_ranking"): (("memory",), ""),

@@ -1,7 +1,8 @@
 """A config doctor: point it at a mindformers training file, get memory, step time, MFU and a better layout.
 
     python -m mshelpers.doctor CONFIG.yaml [--hardware NAME] [--devices N] [--budget 58GB] [--model-config
-        config.json] [--log train.log|metrics.csv [--refit]] [--out DIR] [--json]
+        config.json] [--log train.log|metrics.csv [--refit]] [--out DIR] [--format md|text|json] [--json]
+    (the console script ms-doctor is the same; exit 0 fits, 1 does not fit, 2 refused)
 
 It reads every dialect mindformers ships (r1.x legacy YAMLs, 1.x mcore static YAMLs with `use_legacy: False`
 and a Hugging Face config.json, 2.x PyNative YAMLs), dense and MoE, GQA and MLA, and answers verdict first:
@@ -13,6 +14,7 @@ The rooms, each one concern (data flows readers -> cost <- hardware, topology; s
 report and logs use all of them; the CLI uses report and logs):
   describe.py     Model, MoE, Layout, Config, Calibration (and the fitted CALIBRATION), DoctorError: the vocabulary
   layouts.py      the stage split, per-stage recompute and the layout checks the reader and the variants share
+  keys.py         every key of a section the readers read: priced, known but not priced, or flagged (nearest key)
   readers.py      a file in any dialect -> one Model + one Layout (read_config, with_layout)
   variants.py     the same model on another layout (layout_variant: dataclasses.replace, no YAML), and the file
                   of a layout that is written out (edited_yaml)
@@ -26,11 +28,13 @@ report and logs use all of them; the CLI uses report and logs):
   calibration.py  the fit, the error by family, rankings and Kendall's tau
   logs.py         a mindformers training log or metrics.csv -> measured steps
   report.py       the verdict, the tables, the pictures, the improved YAML
+  yamledit.py     the improved YAML as the user's text with only the changed keys edited (comments, anchors kept)
   cpu_check.py    the cost model checked on this CPU against the mini LLaMA (notebook 12)
   cli.py          the command line
 Copy the whole `doctor/` folder (with `memory.py` beside it for memory, `peak.py` for the cpu profile).
 
-What the model leaves out: kernel efficiency that varies with shape (grouped-GEMM experts, small TP shards),
+What the model leaves out: workspace and fragmentation in the memory pool (the reserve is HCCL's buffers only),
+kernel efficiency that varies with shape (grouped-GEMM experts, small TP shards),
 fine_grain_interleave and micro_batch_interleave_num overlap, expert load imbalance, data loading, host launch
 overhead, contention. It ranks layouts and says how far off it was on published configs; measure.
 """
@@ -53,7 +57,7 @@ from .published import PUBLISHED
 from .readers import ALIASES, dialect_of, load_yaml, parse_size, read_config, read_model, stage_split, with_layout
 from .report import (diagnose, figures, load_with_mindformers, published_scatter, render_text, summary_json,
                      write_outputs)
-from .search import as_shipped_limit, better_layouts, changed_keys, smallest_fitting_scale
+from .search import as_shipped_limit, better_layouts, changed_keys, layout_answers, smallest_fitting_scale
 from .topology import groups as rank_groups, rank_map, span as group_span
 from .variants import edited_yaml, layout_variant
 
