@@ -21,6 +21,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from typing import Any
@@ -245,7 +246,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     stage_ranks = lay.dp * lay.cp * lay.tp                         # ranks per pipeline stage (stages outermost)
     ep_lat = topology.ring_link(hw, spans["EP"])[1]
     ids = stage_layer_ids(cfg)
-    per_stage, comp, hbm, tps, eps, cps, p2ps, hw_flops_total = [], [], [], [], [], [], [], 0.0
+    per_stage, comp, hbm, tps, eps, cps, p2ps = [], [], [], [], [], [], []
     extra_flops_total = 0.0             # what the hardware does beyond the model's FLOPs: recompute, padded slots
     for i in range(lay.pp):
         ops = [layer_ops(m, j) for j in ids[i]]
@@ -271,7 +272,6 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
         flops = tokens_micro * (3 * fwd + rec) / lay.tp
         flops_attn = tokens_micro * (3 * attn + rec_attn) / lay.tp
         flops_expert = tokens_micro * (3 * sum(experts) + rec_expert) / lay.tp
-        hw_flops_total += flops * lay.tp * lay.dp * lay.cp
         extra_flops_total += tokens_micro * rec * lay.dp * lay.cp + tokens_micro * 3 * sum(pads) * lay.dp * lay.cp
         c = (flops - flops_attn - flops_expert) / rate + flops_attn / rate_attn + flops_expert / rate_expert
         n = len(ids[i])
@@ -412,8 +412,7 @@ def _domains(cfg: Config) -> list[str]:
 def with_reserve(cfg: Config, hw: Any) -> Config:
     """`cfg` priced with the reserve on `hw` (none on the CPU): what every entry point prices a file with. The
     bytes follow the layout (memory_per_stage counts the domains of the layout it prices)."""
-    from dataclasses import replace
-    return replace(cfg, hccl_reserve=bool(getattr(hw, "device_pool", True)))
+    return dataclasses.replace(cfg, hccl_reserve=bool(getattr(hw, "device_pool", True)))
 
 
 def memory_per_stage(cfg: Config) -> dict[str, Any]:

@@ -57,7 +57,7 @@ NOT_PRICED: dict[str, frozenset] = {
                           "enable_graph_kernel", "graph_kernel_flags", "runtime_num_threads", "affinity_cpu_list",
                           "deterministic", "pynative_synchronize", "enable_compile_cache", "compile_cache_path",
                           "variable_memory_max_size", "recompute_comm_overlap", "train_precision_sync",
-                          "ascend_config", "device_memory_capacity", "max_size"}),
+                          "device_memory_capacity", "max_size"}),
     "swap_config": frozenset({"default_prefetch", "layer_swap", "op_swap"}),
     "optimizer": frozenset({"betas", "eps", "weight_decay", "learning_rate", "beta1", "beta2", "momentum",
                             "use_fused", "use_nesterov", "loss_scale", "amsgrad", "maximize", "swap"}),

@@ -514,8 +514,7 @@ def write_outputs(r: dict, out_dir: str, source_path: str | None = None) -> dict
         try:
             with open(source_path) as f:
                 text = f.read()
-            import yaml as _y
-            body, how = edit_yaml_text(text, follow_derived(_y.safe_load(text), text_changes)), "edited in place"
+            body, how = edit_yaml_text(text, follow_derived(yaml.safe_load(text), text_changes)), "edited in place"
         except (OSError, UnicodeDecodeError, YamlEditError) as e:
             how = f"dumped whole: the source could not be edited in place ({e}); its comments are not kept"
     head += f"# {how}\n"

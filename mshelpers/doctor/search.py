@@ -132,8 +132,6 @@ def _candidates(cfg: Config, hw: DoctorHardware, *, devices: int | None, calib: 
     def price(kw: dict, pp: int) -> None:
         """Every recompute choice of one layout: none, selective, full, and per stage the fewest full layers that
         fit (the rest SiLU/Mul-selective)."""
-        if "offset" in kw and "pp_interleave_num" not in kw and cfg.layout.vpp > 1:
-            kw["pp_interleave_num"] = 1
         recomputes = [dict(recompute=False, select_recompute=False), dict(recompute=False, select_recompute=True),
                       dict(recompute=True, select_recompute=False)]
         try:
@@ -152,7 +150,8 @@ def _candidates(cfg: Config, hw: DoctorHardware, *, devices: int | None, calib: 
                 mid = (lo + hi) // 2
                 trial = [layers[j] if j > i else (mid if j == i else counts[j]) for j in range(pp)]
                 e = memory_per_stage(layout_variant(cfg, **kw, recompute=trial, select_recompute=True))
-                lo, hi = (lo, mid) if e["per_stage_bytes"][i] <= budget else (mid + 1, hi)
+                # the same test as e["fits"], stage by stage: the stage and the reserve within the budget
+                lo, hi = (lo, mid) if e["per_stage_bytes"][i] + e["reserve_bytes"] <= budget else (mid + 1, hi)
             counts.append(lo)
         if 0 < sum(counts) < sum(layers):
             r = dict(recompute=counts if pp > 1 else counts[0], select_recompute=True)

@@ -398,3 +398,28 @@ def test_an_ffn_multiplier_that_is_not_a_positive_number_is_refused(bad):
     with pytest.raises(D.DoctorError) as e:
         D.read_config(d)
     assert e.value.field == "model.model_config.ffn_dim_multiplier"
+
+
+def test_per_stage_recompute_is_the_fewest_layers_that_fit_beside_the_reserve():
+    """The search's per-stage bisection tests what `fits` tests (the stage plus HCCL's buffers within the budget).
+    Worked here stage by stage, by a linear count: Yi-34B at 60GB on dp2 tp2 pp4 with offset 0 and SiLU/Mul
+    selective recompute needs some fully recomputed layers; the search must offer exactly those counts."""
+    d = yaml.safe_load(YI34.read_text())
+    cfg = D.with_reserve(D.read_config(d, budget="60GB"), D.hardware("atlas-800t-a2"))
+    kw = dict(data_parallel=2, model_parallel=2, pipeline_stage=4, micro_batch_num=28, offset=0,
+              use_seq_parallel=True, enable_parallel_optimizer=True, select_recompute=True)
+    counts = []
+    for i, n in enumerate(D.layout_variant(cfg, **kw, recompute=False).layout.stage_layers):
+        k = 0
+        while True:
+            trial = counts + [k] + [n_ for n_ in D.layout_variant(cfg, **kw, recompute=False).layout.stage_layers[i + 1:]]
+            e = D.memory_per_stage(D.layout_variant(cfg, **kw, recompute=trial))
+            if e["per_stage_bytes"][i] + e["reserve_bytes"] <= e["budget_bytes"]:
+                break
+            k += 1
+        counts.append(k)
+    assert 0 < sum(counts)                          # the case needs some recompute
+    rows = D.better_layouts(cfg, D.hardware("atlas-800t-a2"), top=10_000)
+    got = [x for x in rows if x["layout"].startswith("dp2-tp2-pp4-") and " sp po " in x["layout"]
+           and list(x["config"].layout.full_recompute) == counts and x["config"].layout.stage_layers == (15,) * 4]
+    assert got and all(D.memory_per_stage(x["config"])["fits"] for x in got), counts
