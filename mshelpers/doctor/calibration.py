@@ -225,6 +225,93 @@ def family_summary(rows: list[dict], since: tuple[int, ...] = ()) -> list[dict]:
     return out
 
 
+# ---------------------------------------------------------------- leave one family out
+# What a stand-in row must show when a fit row's family is held out: a large share of its predicted step in the
+# part the fit row sets (PUBLISHED's `sets`) (cost.step_time's terms under the shipped calibration). The stand-in is
+# the check row (r1.2.0 on, dense unless the fit row is MoE, another family) where that share is largest: chosen
+# from the model's own decomposition, never from a published figure.
+def _shares(p: dict, data_dir: str) -> dict:
+    cfg = read_config(os.path.join(data_dir, p["file"]), release=release_of(p))
+    st = step_time(cfg, hardware(p["hw"]))
+    comm = st["tp_s"] + st["ep_s"] + st["cp_s"] + st["p2p_s"] + st["dp_s"]
+    d = cfg.model.q_width / cfg.model.heads
+    return {"moe": cfg.model.moe is not None,
+            "compute": (st["compute_s"] - st["attention_s"]) / st["step_s"],
+            "comm": comm / st["step_s"],
+            "attention": st["attention_s"] / st["step_s"] if d == 128 else 0.0,
+            "head_dim": st["attention_s"] / st["step_s"] if d != 128 else 0.0}
+
+
+def stand_in_points(family: str, data_dir: str | None = None) -> list[dict]:
+    """The fit rows with every row of `family` replaced by its stand-in (see _FIT_ROLE): the points a fit that
+    never saw `family` uses, in FIT_ORDER's order."""
+    data_dir = data_dir or fixture_dir()
+    fit = [p for p in PUBLISHED if p["role"] == "fit"]
+    pool = [p for p in PUBLISHED if p["role"] == "check" and family_of(p) != family and release_of(p) >= (1, 2)]
+    used = {p["file"] for p in fit if family_of(p) != family}
+    out = []
+    for p in fit:
+        if family_of(p) != family:
+            out.append(p)
+            continue
+        role, moe = p["sets"], _shares(p, data_dir)["moe"]
+        best, best_share = None, -1.0
+        for q in pool:
+            sh = _shares(q, data_dir)
+            if q["file"] not in used and sh["moe"] == moe and sh[role] > best_share:
+                best, best_share = q, sh[role]
+        used.add(best["file"])
+        out.append(dict(best, role="fit", sets=role))
+    return out
+
+
+def leave_one_family_out(data_dir: str | None = None, since: tuple[int, ...] = (1, 2)) -> list[dict]:
+    """For every family (MoE apart), the error on its check rows of a calibration fitted without it: its fit
+    rows replaced by stand-ins (`stand_in_points`), then its rows predicted. The error a user should expect on a
+    family the doctor has never seen. Rows from branch `since` on, as `family_summary`."""
+    data_dir = data_dir or fixture_dir()
+    base = calibration_table(data_dir)
+    fams = sorted({(r["moe"], r["family"]) for r in base if r["role"] != "excluded"
+                   and (not since or release_of(r) >= tuple(since))})
+    out = []
+    for moe, fam in fams:
+        held = [p for p in PUBLISHED if family_of(p) == fam]
+        pts = stand_in_points(fam, data_dir)
+        if [p["file"] for p in pts] == [p["file"] for p in PUBLISHED if p["role"] == "fit"]:
+            rows, cal = base, CALIBRATION
+        else:
+            cal = fit_calibration(data_dir, points=tuple(pts))
+            rows = calibration_table(data_dir, calib=cal, published=tuple(dict(p, role="check") for p in held
+                                                                          if p["role"] != "excluded"))
+        mine = [r for r in rows if r["family"] == fam and r["moe"] == moe and r["role"] != "excluded"
+                and (not since or release_of(r) >= tuple(since))]
+        if not mine:
+            continue
+        errs = [r["error"] for r in mine]
+        out.append({"family": fam, "moe": moe, "n": len(mine), "median_abs_error": statistics.median(map(abs, errs)),
+                    "max_abs_error": max(map(abs, errs)), "mean_error": statistics.fmean(errs),
+                    "stand_ins": {p["sets"]: p["file"] for p in pts if p["file"] not in FIT_FILES},
+                    "errors": errs, "calibration": cal})
+    return out
+
+
+def lofo_summary(lofo: list[dict]) -> dict:
+    """Leave-one-family-out in numbers, dense and MoE apart: the median |error| over every held-out row, the
+    median over families of their median, and the worst family. The band every prediction prints."""
+    out = {}
+    for kind, moe in (("dense", False), ("moe", True)):
+        fams = [f for f in lofo if f["moe"] == moe]
+        errs = sorted(abs(e) for f in fams for e in f["errors"])
+        if not errs:
+            continue
+        out[kind] = {"rows": len(errs), "families": len(fams), "median_abs_error": round(statistics.median(errs), 4),
+                     "p80_abs_error": round(errs[min(len(errs) - 1, int(0.8 * len(errs)))], 4),
+                     "family_median": round(statistics.median(f["median_abs_error"] for f in fams), 4),
+                     "worst_family": max(fams, key=lambda f: f["median_abs_error"])["family"],
+                     "worst_family_median": round(max(f["median_abs_error"] for f in fams), 4)}
+    return out
+
+
 def kendall_tau(a: list[float], b: list[float]) -> float:
     """Kendall's tau-a between two orderings of the same items (ties count as neither)."""
     n = len(a)

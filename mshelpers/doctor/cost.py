@@ -219,7 +219,7 @@ SCORE_PASSES = 12       # without flash attention, the s x s scores cross HBM: f
 def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     """The step decomposed (seconds per optimizer step on the bottleneck device) and what follows from it.
 
-    Keys: compute_s, attn_hbm_s (the score matrix through HBM without flash attention), tp_s, ep_s (MoE
+    Keys: compute_s (attention_s and expert_s: the attention kernels' and routed experts' parts of it), attn_hbm_s (the score matrix through HBM without flash attention), tp_s, ep_s (MoE
     all-to-all), cp_s (context parallel), p2p_s, bubble_s, dp_s (exposed), dp_total_s, dp_hidden_s,
     optimizer_s, step_s (their sum), tokens_per_s_per_device, n_params, n_active_params, mfu_6n, mfu_attention,
     mfu_hardware, peak_flops, per_stage_s, bottleneck_stage, recompute_factor (hardware / model FLOPs: recompute
@@ -247,6 +247,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     ep_lat = topology.ring_link(hw, spans["EP"])[1]
     ids = stage_layer_ids(cfg)
     per_stage, comp, hbm, tps, eps, cps, p2ps = [], [], [], [], [], [], []
+    comp_attn, comp_expert = [], []     # the attention kernels' and routed experts' shares of each stage's compute
     extra_flops_total = 0.0             # what the hardware does beyond the model's FLOPs: recompute, padded slots
     for i in range(lay.pp):
         ops = [layer_ops(m, j) for j in ids[i]]
@@ -273,7 +274,8 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
         flops_attn = tokens_micro * (3 * attn + rec_attn) / lay.tp
         flops_expert = tokens_micro * (3 * sum(experts) + rec_expert) / lay.tp
         extra_flops_total += tokens_micro * rec * lay.dp * lay.cp + tokens_micro * 3 * sum(pads) * lay.dp * lay.cp
-        c = (flops - flops_attn - flops_expert) / rate + flops_attn / rate_attn + flops_expert / rate_expert
+        comp_attn.append(flops_attn / rate_attn), comp_expert.append(flops_expert / rate_expert)
+        c = (flops - flops_attn - flops_expert) / rate + comp_attn[-1] + comp_expert[-1]
         n = len(ids[i])
         a = 0.0
         if not m.flash and n:
@@ -365,7 +367,8 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     times = {"TP": tp_s, "CP": cp_s, "EP": ep_s, "PP": p2p_s, "DP": 2 * one_dense, "EDP": 2 * one_expert}
     group_rows = [{"group": k, "size": sp["size"], "span": sp["span"], "nodes": sp["nodes"], "link": sp["link"],
                    "time_s": times[k]} for k, sp in spans.items() if m.moe is not None or k not in ("EP", "EDP")]
-    return {"compute_s": compute_s, "attn_hbm_s": attn_hbm_s, "tp_s": tp_s, "ep_s": ep_s, "cp_s": cp_s,
+    return {"compute_s": compute_s, "attention_s": nm * comp_attn[b], "expert_s": nm * comp_expert[b],
+            "attn_hbm_s": attn_hbm_s, "tp_s": tp_s, "ep_s": ep_s, "cp_s": cp_s,
             "p2p_s": p2p_s, "bubble_s": bubble_s, "dp_s": dp_s, "dp_total_s": dp_total,
             "dp_hidden_s": dp_total - dp_s, "optimizer_s": optimizer_s,
             "step_s": step, "tokens_per_s_per_device": tps_dev, "n_params": param_count(m),

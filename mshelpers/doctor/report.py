@@ -9,7 +9,7 @@ from typing import Any
 
 from .calibration import CALIBRATION, Calibration
 from .cost import TERMS, expert_shard, memory_per_stage, memory_reserve, mtp_params, param_count, step_time, with_reserve
-from .describe import DoctorError
+from .describe import EXPECTED_ERROR, DoctorError
 from .hardware import hardware
 from .readers import read_config
 from .yamledit import YamlEditError, edit_yaml_text, follow_derived
@@ -53,9 +53,14 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
     gain = best["tokens_per_s_per_device"] / st["tokens_per_s_per_device"] - 1 if best else 0.0
     small_gain = answers.get("smallest_gain", []) if fits else []
     G = 2**30
+    band = expected_error(cfg, hw)
     verdict = (f"{'FITS' if fits else 'DOES NOT FIT'}: largest stage {mem['memory_per_device_bytes'] / G:.1f} GiB "
                f"against {mem['budget_bytes'] / G:.1f} GiB (headroom {mem['headroom_bytes'] / G:+.1f} GiB); "
-               f"predicted {st['tokens_per_s_per_device']:.0f} tokens/s/p, MFU {st['mfu_6n']:.1%} (6N) on {hw.name}")
+               f"predicted {st['tokens_per_s_per_device']:.0f} tokens/s/p{band['text']}, MFU {st['mfu_6n']:.1%} (6N) "
+               f"on {hw.name}")
+    both = release_pair(path_or_dict, cfg, hw, calib, budget, model_config, release) if devices is None else None
+    if both:
+        verdict += f"; {both['text']}"
     if moved:
         verdict = (f"ON {devices} DEVICES (the file's layout {moved['from_layout']} needs {moved['from_devices']}), "
                    f"the fastest layout that fits, {moved['layout']} ({_short(moved['changes'])}): " + verdict)
@@ -111,7 +116,43 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
     return {"config": cfg, "hardware": hw, "memory": mem, "step": st, "layouts": layouts, "verdict": verdict,
             "fits": fits, "best_gain": gain, "calibration": calib, "scale": scale, "smallest": smallest,
             "smallest_gain": small_gain, "reserve": reserve,
-            "moved": moved, "budget_source": budget_source}
+            "moved": moved, "budget_source": budget_source, "expected_error": band, "release_pair": both}
+
+
+def expected_error(cfg: Any, hw: Any) -> dict:
+    """The error band a prediction carries: leave-one-family-out on mindformers' cards (describe.EXPECTED_ERROR),
+    dense or MoE as the model is. None on hardware the cards were not published on (the CPU: its own check)."""
+    if not getattr(hw, "device_pool", True):
+        return {"kind": None, "text": ""}
+    kind = "moe" if cfg.model.moe is not None else "dense"
+    e = EXPECTED_ERROR[kind]
+    return dict(e, kind=kind, text=f" (expected error +/-{e['median_abs_error']:.0%} typical, 4 in 5 within "
+                                   f"+/-{e['p80_abs_error']:.0%}: leave-one-family-out on {e['rows']} {kind} rows)")
+
+
+# The mindformers releases whose code prices some files differently (readers._at_release): r1.x MoE before
+# r1.5.0 routes every tp rank's whole slice. A file priced without --release gets both figures when they differ.
+RELEASE_SPLIT = ((1, 4, 0), (1, 5, 0))
+
+
+def release_pair(path_or_dict: Any, cfg: Any, hw: Any, calib: Any, budget: Any, model_config: Any,
+                 release: Any) -> dict | None:
+    """The file's price on each side of a release split, when the user gave no release and the two differ."""
+    if release not in (None, "", ()) or cfg.release or cfg.dialect != "r1.x" or cfg.model.moe is None:
+        return None
+    old = read_config(path_or_dict, budget=budget, model_config=model_config, release=RELEASE_SPLIT[0])
+    if old.model == cfg.model and old.layout == cfg.layout:
+        return None
+    if old.budget_bytes is None:
+        old = replace(old, budget_bytes=int(hw.memory_bytes))
+    a = step_time(with_reserve(old, hw), hw, calib)["tokens_per_s_per_device"]
+    b = step_time(cfg, hw, calib)["tokens_per_s_per_device"]
+    if abs(a / b - 1) < 0.005:
+        return None
+    split = "r" + ".".join(map(str, RELEASE_SPLIT[1]))
+    return {"before": a, "from": b, "split": split,
+            "text": f"the price depends on the mindformers release: {a:.0f} tokens/s/p before {split}, {b:.0f} "
+                    f"from {split} on (MoE dispatch under sequence parallel; pass --release to choose)"}
 
 
 _MEMORY_TERMS = (("params", "parameters"), ("grads", "gradients"), ("grad_accum_buffer", "the gradient accumulation "
@@ -168,7 +209,10 @@ def summary_json(r: dict) -> dict:
         "smallest_change_that_gains": _row_json(r["smallest_gain"][0]) if r.get("smallest_gain") else None,
         "moved_to_devices": r.get("moved"),
         "key_flags": [dict(f) for f in cfg.key_flags],
-        "peak_flops": st["peak_flops"], "mfu_6n": st["mfu_6n"]})
+        "peak_flops": st["peak_flops"], "mfu_6n": st["mfu_6n"],
+        "expected_error": {k: v for k, v in r["expected_error"].items() if k != "text"}
+        if (r.get("expected_error") or {}).get("kind") else None,
+        "release_pair": {k: v for k, v in r["release_pair"].items() if k != "text"} if r.get("release_pair") else None})
     if r.get("log"):
         skip = ("records", "refit_layouts", "refit_calibration")      # objects; the refit's figures are in "refit"
         out["log"] = {k: v for k, v in r["log"].items() if k not in skip}
