@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 from typing import Any
 
@@ -211,6 +212,53 @@ def expert_matmul_flops(m: Model, i: int) -> float:
     return m.moe.top_k * 3 * 2 * m.hidden * m.moe.expert_ffn
 
 
+def attention_work(m: Model) -> float:
+    """The attention kernels' work relative to causal attention over the whole sequence (the count every FLOP
+    convention here uses): 1 without a window; with a sliding window w each query sees at most w keys, s*w - w^2/2
+    pairs against s^2/2 (Mistral 7B, Jiang et al. 2023, section 2: window 4096). Time only: MFU columns count as
+    their sources count."""
+    if not m.window or m.window >= m.seq:
+        return 1.0
+    r = m.window / m.seq
+    return 2 * r - r * r
+
+
+def expert_rows(m: Model, lay: Any, tokens_micro: float) -> float:
+    """Rows of one routed expert's GEMMs per micro-batch (the GEMM's M): the EP group's ep dp-slices of
+    tokens_micro tokens, each sending slots() copies, spread over the routed experts (balanced)."""
+    return lay.ep * tokens_micro * m.moe.slots() / m.moe.routed
+
+
+def gemm_intensity(rows: float, k: float, n: float, nbytes: int = 2) -> float:
+    """FLOPs per byte of HBM traffic of an M x K by K x N matmul that reads its operands and writes its result once
+    (2MKN FLOPs over (MK + KN + MN) x nbytes): the roofline's operational intensity (Williams, Waterman and
+    Patterson 2009). A narrow expert fed few rows is bound by reading its weights."""
+    return 2 * rows * k * n / ((rows * k + k * n + rows * n) * nbytes)
+
+
+def routing_imbalance(m: Model, lay: Any, tokens_micro: float) -> float:
+    """Load of the busiest EP rank over the mean, when the router is as balanced as chance: each of the EP group's
+    slots lands on a rank with probability 1/ep, and the largest of ep such counts is about mean + sigma x
+    sqrt(2 ln ep) (the expected maximum of ep Gaussians). MoE.imbalance, when given, replaces it: a trained
+    router is less even than chance."""
+    if m.moe.imbalance > 0:
+        return 1.0 + m.moe.imbalance
+    n = lay.ep
+    if n < 2:
+        return 1.0
+    per_rank = tokens_micro * m.moe.slots()
+    return 1.0 + (2 * math.log(n)) ** 0.5 * ((1 - 1 / n) / per_rank) ** 0.5
+
+
+def permute_bytes(m: Model, local_tokens: float) -> float:
+    """HBM bytes one MoE layer's forward moves outside the matmuls, for local_tokens tokens: the permutation reads
+    each token and writes its slots() copies in expert order, the unpermutation reads the copies and writes the
+    weighted sum (16-bit hidden vectors); the router's fp32 logits over the routed experts are written, read by
+    the softmax and top-k and the auxiliary loss (4 passes). Megatron-core moe_utils.permute / unpermute."""
+    e = m.moe
+    return local_tokens * (2 * m.hidden * (2 + 2 * e.slots()) + 4 * 4 * e.routed)
+
+
 SCORE_PASSES = 12       # without flash attention, the s x s scores cross HBM: forward writes QK^T, softmax reads it
                         # and writes the probabilities, PV reads them (4); the backward about twice that (8)
 
@@ -238,6 +286,13 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     # rate it is a share of: at MLA's 512 it would reach 1.4x the datasheet peak (DeepSeek-V4 Flash)
     rate_attn = rate * min(1.0, calib.attention_efficiency * head_dim_factor(m, calib))
     rate_expert = _rate(peak, calib, m.moe.expert_ffn / lay.tp) if m.moe is not None else rate
+    imbalance = 1.0
+    if m.moe is not None:
+        # the roofline: an expert's GEMM runs no faster than its intensity x HBM bandwidth; the busiest rank binds
+        rows = expert_rows(m, lay, tokens_micro)
+        rate_expert = min(rate_expert, gemm_intensity(rows, m.hidden, m.moe.expert_ffn / lay.tp) * hw.hbm_bytes_per_s)
+        imbalance = routing_imbalance(m, lay, tokens_micro)
+    work_attn = attention_work(m)
     f_comm = calib.comm_time_factor
     act_bytes = tokens_micro * m.hidden * 2
     spans = {k: topology.span(v, hw.devices_per_node) for k, v in topology.groups(lay, cfg.dialect).items()}
@@ -248,6 +303,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     ids = stage_layer_ids(cfg)
     per_stage, comp, hbm, tps, eps, cps, p2ps = [], [], [], [], [], [], []
     comp_attn, comp_expert = [], []     # the attention kernels' and routed experts' shares of each stage's compute
+    perms = []                          # MoE token permutation and router traffic (memory-bound), per stage
     extra_flops_total = 0.0             # what the hardware does beyond the model's FLOPs: recompute, padded slots
     for i in range(lay.pp):
         ops = [layer_ops(m, j) for j in ids[i]]
@@ -274,7 +330,8 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
         flops_attn = tokens_micro * (3 * attn + rec_attn) / lay.tp
         flops_expert = tokens_micro * (3 * sum(experts) + rec_expert) / lay.tp
         extra_flops_total += tokens_micro * rec * lay.dp * lay.cp + tokens_micro * 3 * sum(pads) * lay.dp * lay.cp
-        comp_attn.append(flops_attn / rate_attn), comp_expert.append(flops_expert / rate_expert)
+        comp_attn.append(flops_attn * work_attn / rate_attn)
+        comp_expert.append(flops_expert * imbalance / rate_expert)
         c = (flops - flops_attn - flops_expert) / rate + comp_attn[-1] + comp_expert[-1]
         n = len(ids[i])
         a = 0.0
@@ -297,7 +354,21 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
             local = tokens_micro / (lay.tp if lay.seq_parallel and m.moe.sp_dispatch else 1)
             buffer = local * m.moe.slots() * m.hidden * 2                   # every slot is sent, filled or not
             n_a2a = 4 * len(moe_layers) + 2 * sum(1 for j in moe_layers if j - ids[i][0] < n_full)
-            e = n_a2a * (topology.all_to_all_time(hw, spans["EP"], buffer) * f_comm + ep_lat)
+            if m.moe.dispatcher == "allgather":
+                # every rank gathers the EP group's tokens (each sends its local tokens once) and reduce-scatters
+                # the outputs back: ring passes over the group (Megatron-core MoEAllGatherTokenDispatcher)
+                size = spans["EP"]["size"]
+                ag_bw = topology.ring_link(hw, spans["EP"])[0]
+                one_pass = (size - 1) * local * m.hidden * 2 / ag_bw
+            else:
+                one_pass = topology.all_to_all_time(hw, spans["EP"], buffer)
+            e = n_a2a * (one_pass * imbalance * f_comm + ep_lat)
+        if moe_layers:
+            local = tokens_micro / (lay.tp if lay.seq_parallel and m.moe.sp_dispatch else 1)
+            n_perm = 3 * len(moe_layers) + sum(1 for j in moe_layers if j - ids[i][0] < n_full)
+            perms.append(n_perm * permute_bytes(m, local) / hw.hbm_bytes_per_s)
+        else:
+            perms.append(0.0)
         x = 0.0
         if lay.cp > 1:
             if lay.cp_kind == "ulysses":
@@ -306,7 +377,11 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
             else:
                 kv = tokens_micro * (m.kv_heads * m.head_dim if m.attention != "mla" else m.kv_lora_rank + m.qk_rope_dim)
                 one = 2 * kv * 2 / cp_bw * f_comm + cp_lat                # K and V of the local chunk, 16-bit
-                x = (lay.cp - 1) * one * (3 * n + n_full)                 # forward, backward x2, recompute
+                # each of the cp - 1 ring steps sends the next K/V block while computing attention on the one it
+                # holds (Liu, Zaharia and Abbeel 2023, Ring Attention, section 3): only the part of the send
+                # that outlasts one block's attention is exposed (the backward: both twice)
+                block = comp_attn[-1] / max(3 * n + attn_layers_recomputed, 1) / lay.cp
+                x = (lay.cp - 1) * max(0.0, one - block) * (3 * n + n_full)
         p = 0.0
         if lay.pp > 1:
             # per micro-batch and chunk, the stage sends its activations on to the next stage and its input
@@ -321,11 +396,11 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
                                                                hw.devices_per_node))
                 p += lay.vpp * (sent / bw * f_comm + lat)
         comp.append(c), hbm.append(a), tps.append(t), eps.append(e), cps.append(x), p2ps.append(p)
-        per_stage.append(c + a + t + e + x + p)
+        per_stage.append(c + a + t + e + x + p + perms[-1])
     b = max(range(lay.pp), key=lambda k: per_stage[k])
     nm = lay.n_micro
     compute_s, attn_hbm_s = nm * comp[b], nm * hbm[b]
-    tp_s, ep_s, cp_s, p2p_s = nm * tps[b], nm * eps[b], nm * cps[b], nm * p2ps[b]
+    tp_s, ep_s, cp_s, p2p_s, perm_s = nm * tps[b], nm * eps[b], nm * cps[b], nm * p2ps[b], nm * perms[b]
     bubble_s = (sum(per_stage) - per_stage[b]) / lay.vpp                # 1F1B fill + drain; interleaved: / v
     dense, expert = stage_params(cfg, b)
     local = dense + expert
@@ -357,7 +432,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     dp_s = dp_exposed_part + max(0.0, dp_total - dp_exposed_part - window)
     sharded = local / (lay.shard_ranks if lay.parallel_optimizer else 1)
     optimizer_s = sharded * (4 * lay.param_bytes + 16) / hw.hbm_bytes_per_s
-    step = compute_s + attn_hbm_s + tp_s + ep_s + cp_s + p2p_s + bubble_s + dp_s + optimizer_s
+    step = compute_s + attn_hbm_s + perm_s + tp_s + ep_s + cp_s + p2p_s + bubble_s + dp_s + optimizer_s
     tokens = lay.global_batch * m.seq
     tps_dev = tokens / (step * lay.devices)
     f = flops_per_token(m)
@@ -368,7 +443,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     group_rows = [{"group": k, "size": sp["size"], "span": sp["span"], "nodes": sp["nodes"], "link": sp["link"],
                    "time_s": times[k]} for k, sp in spans.items() if m.moe is not None or k not in ("EP", "EDP")]
     return {"compute_s": compute_s, "attention_s": nm * comp_attn[b], "expert_s": nm * comp_expert[b],
-            "attn_hbm_s": attn_hbm_s, "tp_s": tp_s, "ep_s": ep_s, "cp_s": cp_s,
+            "attn_hbm_s": attn_hbm_s, "moe_permute_s": perm_s, "moe_imbalance": imbalance, "tp_s": tp_s, "ep_s": ep_s, "cp_s": cp_s,
             "p2p_s": p2p_s, "bubble_s": bubble_s, "dp_s": dp_s, "dp_total_s": dp_total,
             "dp_hidden_s": dp_total - dp_s, "optimizer_s": optimizer_s,
             "step_s": step, "tokens_per_s_per_device": tps_dev, "n_params": param_count(m),
@@ -382,6 +457,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
 
 
 TERMS = (("compute_s", "compute"), ("attn_hbm_s", "attention scores through HBM (no flash attention)"),
+         ("moe_permute_s", "MoE token permutation and router (memory-bound)"),
          ("tp_s", "TP/SP collectives"), ("ep_s", "MoE all-to-all (EP)"),
          ("cp_s", "context parallel"), ("p2p_s", "pipeline point-to-point"), ("bubble_s", "pipeline bubble"),
          ("dp_s", "DP reduction, exposed"), ("optimizer_s", "optimizer update"))

@@ -69,7 +69,7 @@ NOT_PRICED: dict[str, frozenset] = {
                              "max_router_load", "topk_method", "topk_group", "n_group", "enable_deredundency",
                              "npu_nums_per_device", "routed_scaling_factor", "aux_loss_types", "aux_loss_factors",
                              "z_loss_factor", "balance_via_topk_bias", "topk_bias_update_rate",
-                             "use_allgather_dispatcher", "moe_shared_expert_overlap", "expert_model_parallel",
+                             "moe_shared_expert_overlap", "expert_model_parallel",
                              "use_gating_sigmoid", "use_gmm", "enable_gmm_safe_tokens", "use_fused_ops_permute",
                              "callback_moe_droprate", "dispatch_global_max_bs", "ep_extend_tp"}),
     "training": frozenset({"steps", "max_norm", "use_skip_step_on_nan", "max_consecutive_skipped_steps", "seed",
@@ -102,7 +102,7 @@ layernorm_compute_type layernorm_epsilon mask_type max_decode_length max_length 
 max_position_embeddings mean mhc_init_gating_factor mhc_sinkhorn_iterations mla_qkv_concat mlp_concat model_name
 moe_aux_loss_coeff moe_grouped_gemm moe_router_bias_update_rate moe_router_dtype moe_router_enable_expert_bias
 moe_router_force_expert_balance moe_router_fusion moe_router_group_topk moe_router_load_balancing_type
-moe_router_pre_softmax moe_router_score_function moe_token_dispatcher_type moe_token_drop_policy moe_z_loss_coeff
+moe_router_pre_softmax moe_router_score_function moe_token_drop_policy moe_z_loss_coeff
 mscale mscale_all_dim mtp_loss_factor mtp_loss_scaling_factor mup_scale_factor n_group net_name no_recompute_layers
 norm_topk_prob npu_nums_per_device num_block num_blocks num_hash_layers num_residual_streams o_groups o_lora_rank
 output_mult pad_token_id parallel_optimizer position_embedding_type post_layer_norm pre_seq_len prefix_projection
@@ -111,13 +111,14 @@ rope_theta rope_scaling rotary_dtype rotary_emb_base rotary_pct rotary_scaling_f
 router_aux_loss_coef router_dense_type scaling_factor scoring_func sigma softmax_compute_dtype softmax_compute_type
 temperature theta top_k top_p topk_group torch_dtype transformers_version use_attn_mask_compression use_cache
 use_contiguous_weight_layout_attention use_fused_mla use_fused_ops_topkrouter use_mup use_pad_tokens use_past
-use_past_shard use_prompt_flash_attention use_sliding_window sliding_window max_window_layers wo_has_bias
+use_past_shard use_prompt_flash_attention max_window_layers wo_has_bias
 """.split())
 # Model keys the readers read besides readers.ALIASES' (read_model, _static, _pynative)
 MODEL_PRICED_EXTRA = frozenset({"tie_word_embeddings", "multiple_of", "ffn_dim_multiplier", "use_flash_attention",
                                 "compute_dtype", "params_dtype", "param_init_type", "offset", "pp_interleave_num",
                                 "multi_latent_attention", "multi_query_attention", "untie_embeddings_and_output_weights",
-                                "batch_size", "type", "model_type", "context_parallel_algo"})
+                                "batch_size", "type", "model_type", "context_parallel_algo",
+                                "moe_token_dispatcher_type", "use_sliding_window", "sliding_window"})
 
 # Sections per dialect: (section, required). A required section the file leaves out is named as missing.
 SECTIONS: dict[str, tuple] = {
@@ -141,7 +142,7 @@ def _known(section: str, model_priced: frozenset) -> tuple[frozenset, frozenset]
     if section in ("model.model_config", "model"):
         return model_priced | MODEL_PRICED_EXTRA, MODEL_NOT_PRICED | {"model_config"}
     if section == "moe_config":             # r1.x merges moe_config into the model keys (readers._static)
-        return model_priced, NOT_PRICED["moe_config"]
+        return model_priced | {"use_allgather_dispatcher"}, NOT_PRICED["moe_config"]
     return PRICED.get(section, frozenset()), NOT_PRICED.get(section, frozenset())
 
 

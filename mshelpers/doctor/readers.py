@@ -176,8 +176,11 @@ def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str
         if ck is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float)) or not math.isfinite(cf)):
             raise DoctorError(f"{where}.{ck}", cf, "a number, e.g. 1.1 (each expert computes capacity_factor x top_k x "
                               "tokens / experts slots); 0 or less, or none, for dropless")
+        disp = str(mc.get("moe_token_dispatcher_type") or "").lower()
+        allgather = disp == "allgather" or mc.get("use_allgather_dispatcher") is True
         moe = MoE(routed=experts, top_k=top_k, expert_ffn=expert_ffn, shared=shared, shared_ffn=shared_ffn,
                   first_dense=min(get("first_dense", zero_ok=True) or 0, L), every=every,
+                  dispatcher="allgather" if allgather else "alltoall",
                   capacity_factor=max(0.0, float(cf)) if ck is not None else 0.0)
     kw = {}
     if mla:
@@ -190,11 +193,13 @@ def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str
     if mc.get("untie_embeddings_and_output_weights") is not None:
         tied = not _flag(mc, "untie_embeddings_and_output_weights", True, where)
     qkv_bias = any(_flag(mc, k, False, where) for k in ALIASES["qkv_bias"])
+    win = mc.get("sliding_window")
+    window = int(win) if _is_int(win) and 0 < win < s and _flag(mc, "use_sliding_window", True, where) else 0
     return Model(name=name or str(mc.get("model_type") or mc.get("type") or mc.get("architectures") or "?"),
                  layers=L, hidden=h, heads=a, kv_heads=kv, head_dim=hd, ffn=ffn, vocab=V, seq=s, tied=tied,
                  attention=kw.pop("attention", "mha" if kv == a else "gqa"), moe=moe,
                  mtp=get("mtp", zero_ok=True) or 0, flash=_flag(mc, "use_flash_attention", dialect != "r1.x", where),
-                 qkv_bias=qkv_bias, **kw)
+                 qkv_bias=qkv_bias, window=window, **kw)
 
 
 # ---------------------------------------------------------------- dialects

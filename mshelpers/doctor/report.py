@@ -210,6 +210,7 @@ def summary_json(r: dict) -> dict:
         "moved_to_devices": r.get("moved"),
         "key_flags": [dict(f) for f in cfg.key_flags],
         "peak_flops": st["peak_flops"], "mfu_6n": st["mfu_6n"],
+        "moe_imbalance": st.get("moe_imbalance") if m.moe is not None else None,
         "expected_error": {k: v for k, v in r["expected_error"].items() if k != "text"}
         if (r.get("expected_error") or {}).get("kind") else None,
         "release_pair": {k: v for k, v in r["release_pair"].items() if k != "text"} if r.get("release_pair") else None})
@@ -330,6 +331,12 @@ def render_text(r: dict) -> str:
     L += [f"| **step** | **{st['step_s']:.3f}** | 100% |", ""]
     if zero:
         L += [f"Zero on this layout: {', '.join(zero)}.", ""]
+    if cfg.model.moe is not None:
+        given = cfg.model.moe.imbalance > 0
+        L += [f"MoE routing: the busiest EP rank carries x{st['moe_imbalance']:.3f} the mean load "
+              + ("(MoE.imbalance, as given)" if given else "(assumed: as balanced as chance, the largest of the EP "
+                 "ranks' counts; a trained router is less even: set MoE.imbalance)")
+              + f"; expert GEMMs priced at their roofline ({cfg.model.moe.dispatcher} dispatcher).", ""]
     groups = comm_groups(st)
     if groups:      # where each collective runs: a group that leaves its node is priced on the slower link
         L += ["Communication groups (each group of more than one rank, the links its collective crosses):", "",

@@ -1,6 +1,7 @@
 """The doctor on the models people train now: every training config of the mindformers 2.1.0 wheel (mcore
 static, 2.x PyNative, r1.x GLM-4), MoE and MLA costs, parameter counts against the models' own, the terms
 VPP and context parallel add, --json's parameter counts, and --log on a real run of the cookbook's CLI."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -76,7 +77,9 @@ def test_moe_is_priced_by_its_active_experts_and_pays_for_all_to_all():
     dense["model"]["model_config"]["intermediate_size"] = 128 * 768      # every expert's width, as a dense FFN
     as_dense = D.step_time(D.read_config(dense), hw)
     assert moe["ep_s"] > 0 and as_dense["ep_s"] == 0
-    assert moe["tokens_per_s_per_device"] > 3 * as_dense["tokens_per_s_per_device"]
+    # 10x fewer active FLOPs, but 128 narrow experts fed ~256 rows each read their weights as often as they
+    # multiply (cost.gemm_intensity, issue 59): 2.5-3.5x, not 10x
+    assert 2.5 * as_dense["tokens_per_s_per_device"] < moe["tokens_per_s_per_device"] < 3.5 * as_dense["tokens_per_s_per_device"]
 
 
 @pytest.mark.parametrize("cf, top_k, experts, slots", [(1.1, 8, 64, 8.8), (2.0, 6, 160, 12.0), (20.0, 2, 8, 8.0),
@@ -157,7 +160,16 @@ def test_vpp_shrinks_the_bubble_and_context_parallel_adds_its_traffic():
         d["parallel_config"].update(context_parallel=2, context_parallel_algo=algo)
         cp = D.read_config(d)
         assert cp.layout.cp == 2 and cp.devices == 32 and cp.layout.cp_kind == ("ulysses" if "ulysses" in algo else "ring")
-        assert D.step_time(cp, hw)["cp_s"] > 0
+        if algo == "ulysses_cp":
+            assert D.step_time(cp, hw)["cp_s"] > 0
+        else:
+            # the ring's K/V send hides behind one block's attention at datasheet links (issue 59: Ring Attention
+            # overlaps them); on links 1000x slower the send outlasts the block and the rest is exposed
+            assert D.step_time(cp, hw)["cp_s"] == 0
+            slow = dataclasses.replace(hw, intra_link_bytes_per_s=hw.intra_link_bytes_per_s / 1000,
+                                       inter_bytes_per_s=hw.inter_bytes_per_s / 1000)
+            st = D.step_time(cp, slow)
+            assert st["cp_s"] > 0.5 * st["attention_s"]
 
 
 def test_telechat3_moe_offsets_are_spread_and_said():
