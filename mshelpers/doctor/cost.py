@@ -157,12 +157,14 @@ def stage_layer_ids(cfg: Config) -> list[list[int]]:
 
 def expert_shard(cfg: Config) -> int:
     """Ranks one layer's routed experts are split over: EP ranks (over the experts) times TP ranks (over each
-    expert's FFN width), at most the dp x tp ranks EP is carved out of."""
+    expert's FFN width), at most the dp x cp x tp ranks EP is carved out of."""
     return _expert_shard(cfg.layout)
 
 
 def _expert_shard(lay: Any) -> int:
-    return min(lay.ep * lay.tp, lay.dp * lay.tp)
+    # context-parallel ranks hold the same parameters as data-parallel ones: EP is carved out of both
+    # (topology.groups' EP and EDP)
+    return min(lay.ep * lay.tp, lay.dp * lay.cp * lay.tp)
 
 
 def stage_params(cfg: Config, i: int) -> tuple[float, float]:
@@ -501,7 +503,7 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
     ids = stage_layer_ids(cfg)
     pb = lay.param_bytes
     accum = lay.grad_accum > 1 or (lay.pp > 1 and lay.micro > 1)
-    replicas_expert = max(1, lay.dp * lay.tp // expert_shard(cfg))
+    replicas_expert = max(1, lay.dp * lay.cp * lay.tp // expert_shard(cfg))     # the EDP group's size
     totals, parts = [], []
     for i in range(lay.pp):
         dense, expert = stage_params(cfg, i)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 from dataclasses import replace
@@ -17,7 +18,7 @@ from .search import as_shipped_limit, better_layouts, layout_answers, layout_nam
 
 def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: int | None = None,
              budget: Any = None, calib: Calibration = CALIBRATION, search: bool = True,
-             model_config: Any = None, release: Any = None) -> dict[str, Any]:
+             model_config: Any = None, release: Any = None, moe_imbalance: Any = None) -> dict[str, Any]:
     """Everything the CLI prints, as a dict: config, memory, step terms, MFU, layouts, verdict. `release`: the
     mindformers release the file runs on (read_config's), None for the newest. `devices` other than the file's
     own count: the file's layout cannot run there, so the figures are the fastest layout that fits on `devices`
@@ -26,6 +27,13 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
     if devices is not None and (not isinstance(devices, int) or isinstance(devices, bool) or devices <= 0):
         raise DoctorError("--devices", devices, "a positive integer")
     cfg = read_config(path_or_dict, budget=budget, model_config=model_config, devices=devices, release=release)
+    if moe_imbalance is not None:
+        if isinstance(moe_imbalance, bool) or not isinstance(moe_imbalance, (int, float)) \
+                or not math.isfinite(moe_imbalance) or not 0 <= moe_imbalance <= 100:
+            raise DoctorError("--moe-imbalance", moe_imbalance, "a number from 0 (as balanced as chance) up, e.g. 0.3")
+        if cfg.model.moe is None:
+            raise DoctorError("--moe-imbalance", moe_imbalance, "leave it out: the model has no MoE layers")
+        cfg = replace(cfg, model=replace(cfg.model, moe=replace(cfg.model.moe, imbalance=float(moe_imbalance))))
     if cfg.budget_bytes is None:
         cfg = replace(cfg, budget_bytes=int(hw.memory_bytes))
     cfg = with_reserve(cfg, hw)
@@ -264,7 +272,7 @@ def render_text(r: dict) -> str:
     cfg, st, mem, hw, cal = r["config"], r["step"], r["memory"], r["hardware"], r["calibration"]
     lay = cfg.layout
     G = 2**30
-    es = f", expert shard {expert_shard(cfg)} (min(ep x tp, dp x tp))" if cfg.model.moe is not None else ""
+    es = f", expert shard {expert_shard(cfg)} (min(ep x tp, dp x cp x tp))" if cfg.model.moe is not None else ""
     L = ["# Config doctor", "", f"**{r['verdict']}**", "",
          f"Model: {_model_line(cfg)}.", "",
          f"Layout: {layout_name(cfg)}: dp {lay.dp} x tp {lay.tp} x pp {lay.pp} x cp {lay.cp} = {lay.devices} devices, "
@@ -334,8 +342,8 @@ def render_text(r: dict) -> str:
     if cfg.model.moe is not None:
         given = cfg.model.moe.imbalance > 0
         L += [f"MoE routing: the busiest EP rank carries x{st['moe_imbalance']:.3f} the mean load "
-              + ("(MoE.imbalance, as given)" if given else "(assumed: as balanced as chance, the largest of the EP "
-                 "ranks' counts; a trained router is less even: set MoE.imbalance)")
+              + ("(--moe-imbalance, as given)" if given else "(assumed: as balanced as chance, the largest of the EP "
+                 "ranks' counts; a trained router is less even: --moe-imbalance)")
               + f"; expert GEMMs priced at their roofline ({cfg.model.moe.dispatcher} dispatcher).", ""]
     groups = comm_groups(st)
     if groups:      # where each collective runs: a group that leaves its node is priced on the slower link

@@ -183,3 +183,30 @@ def test_on_the_runs_kept_apart_dense_is_within_the_issue_bound_without_a_stack_
     assert s["n_dense"] >= 30 and s["n_key_flags"] == 0
     assert s["dense_median_abs_error"] <= 0.20, s           # issue 59: without the factor, dense median <= 20 %
     assert 0.7 < s["stack_factor"] < 1.0                     # the doctor pessimistic on that stack (mc2 on there)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), True, "0.3"])
+def test_a_bad_imbalance_is_refused_in_one_line(bad):
+    with pytest.raises(D.DoctorError) as e:
+        D.diagnose(str(HELD / "deepseek2_lite_16b_8k.yaml"), "atlas-900-a2-podc", search=False, moe_imbalance=bad)
+    assert e.value.field == "--moe-imbalance" and "\n" not in str(e.value)
+
+
+def test_the_imbalance_flag_reaches_the_price_and_is_refused_on_a_dense_model(capsys):
+    f = str(HELD / "deepseek2_lite_16b_8k.yaml")
+    assert D.main([f, "--hardware", "atlas-900-a2-podc", "--no-search", "--json", "--moe-imbalance", "0.5"]) == 0
+    skew = json.loads(capsys.readouterr().out)
+    assert D.main([f, "--hardware", "atlas-900-a2-podc", "--no-search", "--json"]) == 0
+    even = json.loads(capsys.readouterr().out)
+    assert skew["moe_imbalance"] == 1.5 and even["moe_imbalance"] < 1.02
+    assert skew["tokens_per_s_per_device"] < 0.9 * even["tokens_per_s_per_device"]
+    assert D.main([str(HELD / "llama2_7b_4k.yaml"), "--no-search", "--moe-imbalance", "0.5"]) == 2
+    assert "no MoE layers" in capsys.readouterr().err
+
+
+def test_readme_doctor_block_is_what_the_code_gives():
+    """README's leave-one-family-out and held-out figures are generated (bench/doctor_tables.py), never typed."""
+    sys.path.insert(0, str(Path(__file__).parents[2]))
+    from bench import doctor_tables
+    assert doctor_tables.current() is not None, "README.md lost its doctor-figures block"
+    assert doctor_tables.current() == doctor_tables.render(), "run: python bench/doctor_tables.py --write"
