@@ -18,68 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mshelpers.doctor import CALIBRATION, hardware, memory_per_stage, read_config, step_time, with_reserve  # noqa: E402
-
-HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data", "heldout")
-
-
-def price(run: dict) -> dict:
-    hw = hardware(run["hw"])
-    cfg = read_config(os.path.join(HERE, run["file"]))
-    if cfg.budget_bytes is None:
-        cfg = replace(cfg, budget_bytes=int(hw.memory_bytes))
-    cfg = with_reserve(cfg, hw)
-    st, mem = step_time(cfg, hw, CALIBRATION), memory_per_stage(cfg)
-    pred, pub = st["tokens_per_s_per_device"], run.get("tokens_s_p")
-    return {"file": run["file"], "model": run["model"], "moe": run["moe"], "seq": run["seq"], "devices": cfg.devices,
-            "devices_listed": run["devices"], "predicted": round(pred, 1), "published": pub,
-            "error": pred / pub - 1 if pub else None, "mfu_published": run.get("mfu"),
-            "mfu_6n": st["mfu_6n"], "mfu_attention": st["mfu_attention"], "mfu_hardware": st["mfu_hardware"],
-            "step_s": st["step_s"], "fits": mem["fits"],
-            "peak_plus_reserve_GiB": round((mem["memory_per_device_bytes"] + mem["reserve_bytes"]) / 2**30, 1),
-            "budget_GiB": round(mem["budget_bytes"] / 2**30, 1), "flags": len(cfg.key_flags)}
-
-
-def summarise(rows: list[dict]) -> dict:
-    scored = [r for r in rows if r["error"] is not None]
-    dense, moe = [r for r in scored if not r["moe"]], [r for r in scored if r["moe"]]
-    factor = statistics.median(1 + r["error"] for r in dense)
-    for r in scored:
-        r["error_after_factor"] = (1 + r["error"]) / factor - 1
-    worst = max(dense, key=lambda r: abs(r["error"]))
-    worst_f = max(dense, key=lambda r: abs(r["error_after_factor"]))
-    return {"n_runs": len(rows), "n_scored": len(scored), "n_dense": len(dense), "n_moe": len(moe),
-            "n_mfu_only": len(rows) - len(scored), "n_seq_ge_16k": sum(r["seq"] >= 16384 for r in rows),
-            "dense_median_abs_error": statistics.median(abs(r["error"]) for r in dense),
-            "dense_worst": {"file": worst["file"], "error": worst["error"]},
-            "stack_factor": factor,
-            "dense_median_abs_error_after_factor": statistics.median(abs(r["error_after_factor"]) for r in dense),
-            "dense_worst_after_factor": {"file": worst_f["file"], "error": worst_f["error_after_factor"]},
-            "moe_after_factor": {r["file"]: r["error_after_factor"] for r in moe},
-            "moe_median_abs_error": statistics.median(abs(r["error"]) for r in moe) if moe else None,
-            "seq_ge_16k": {r["file"]: {"error": r["error"], "after_factor": r["error_after_factor"]}
-                           for r in scored if r["seq"] >= 16384},
-            "mfu_only": {r["file"]: {"published": r["mfu_published"], "mfu_6n": r["mfu_6n"],
-                                     "mfu_attention": r["mfu_attention"], "mfu_hardware": r["mfu_hardware"]}
-                         for r in rows if r["error"] is None},
-            "n_not_fitting": sum(r["fits"] is False for r in rows),
-            "not_fitting": [r["file"] for r in rows if r["fits"] is False],
-            "n_key_flags": sum(r["flags"] for r in rows),
-            "device_count_mismatch": [r["file"] for r in rows if r["devices"] != r["devices_listed"]]}
+from mshelpers.doctor.heldout import heldout_runs, price, summarise  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="rows and summary as JSON")
     args = ap.parse_args(argv)
-    with open(os.path.join(HERE, "runs.json")) as f:
-        runs = json.load(f)
-    rows = [price(r) for r in runs]
+    rows = [price(r) for r in heldout_runs()]
     summary = summarise(rows)
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary}, indent=1))

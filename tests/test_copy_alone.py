@@ -167,6 +167,11 @@ CALLS: dict[str, str] = {
         assert rs["groups"] == ["DP", "world"] and rs["bytes"] == 2 * 2 * 200 * 2**20
         assert m.with_reserve(c, m.hardware("atlas-800t-a2")).hccl_reserve and not c.hccl_reserve
         assert m.calibration_summary([{"role": "check", "error": 0.1, "fits": True}])["median_abs_error"] == 0.1
+        fam = {"family": "x", "moe": False, "errors": [0.1, -0.3], "median_abs_error": 0.2}
+        assert m.lofo_summary([fam])["dense"]["median_abs_error"] == 0.2
+        hs = m.heldout_summary([{"file": "a", "moe": False, "seq": 4096, "error": 0.1, "fits": True, "flags": 0,
+                                 "devices": 8, "devices_listed": 8}])
+        assert hs["stack_factor"] == 1.1 and hs["n_not_fitting"] == 0
         try:
             m.read_config({"a": 1})
         except m.DoctorError as e:
@@ -448,6 +453,10 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
         assert got["fastest"] and len(got["smallest"]) == 1"""),
     ("doctor", "smallest_fitting_scale"): (("memory",), ""),
     ("doctor", "calibration_table"): (("memory",), ""),
+    ("doctor", "leave_one_family_out"): (("memory",), ""),       # the fixtures live in the repo's tests/data
+    ("doctor", "stand_in_points"): (("memory",), ""),
+    ("doctor", "heldout_runs"): (("memory",), ""),
+    ("doctor", "heldout_price"): (("memory",), ""),
     ("doctor", "guide_13b_ranking"): (("memory",), ""),
     ("doctor", "diagnose"): (("memory",), ""),
     ("doctor", "main"): (("memory",), ""),

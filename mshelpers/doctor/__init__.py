@@ -25,7 +25,8 @@ report and logs use all of them; the CLI uses report and logs):
   adapt.py        the same prices in the planner's terms (bytes per group, stage activations) for parallel.py
   search.py       layouts under the budget, ranked; the smallest scale at which a config that cannot fit does
   published.py    mindformers' published tokens/s/p with the YAMLs they link
-  calibration.py  the fit, the error by family, rankings and Kendall's tau
+  calibration.py  the fit, the error by family, leave-one-family-out, rankings and Kendall's tau
+  heldout.py      the runs kept apart (another Ascend stack, never fitted on), priced and summarised
   logs.py         a mindformers training log or metrics.csv -> measured steps
   report.py       the verdict, the tables, the pictures, the improved YAML
   yamledit.py     the improved YAML as the user's text with only the changed keys edited (comments, anchors kept)
@@ -34,9 +35,9 @@ report and logs use all of them; the CLI uses report and logs):
 Copy the whole `doctor/` folder (with `memory.py` beside it for memory, `peak.py` for the cpu profile).
 
 What the model leaves out: workspace and fragmentation in the memory pool (the reserve is HCCL's buffers only),
-kernel efficiency that varies with shape (grouped-GEMM experts, small TP shards),
-fine_grain_interleave and micro_batch_interleave_num overlap, expert load imbalance, data loading, host launch
-overhead, contention. It ranks layouts and says how far off it was on published configs; measure.
+kernel efficiency that varies with shape beyond the expert GEMMs' roofline (small TP shards), TP communication fused
+into the matmuls (mc2), fine_grain_interleave and micro_batch_interleave_num overlap, a trained router's imbalance
+(chance is assumed; --moe-imbalance gives one), data loading, host launch overhead, contention. It ranks layouts and says how far off it was on published configs; measure.
 """
 from __future__ import annotations
 
@@ -44,14 +45,15 @@ import os
 
 from .calibration import (CALIBRATION, FIT_POINTS, GUIDE_SOURCE, OFF_FAMILIES, Calibration, calibration_summary,
                           calibration_table, family_of, family_summary, fit_calibration, fixture_dir,
-                          guide_13b_ranking, guide_13b_steps, kendall_tau, off_families,
-                          ranking_groups, release_of)
+                          guide_13b_ranking, guide_13b_steps, kendall_tau, leave_one_family_out, lofo_summary,
+                          off_families, ranking_groups, release_of, stand_in_points)
 from .cli import main, measured_run
 from .cost import (TERMS, flops_per_token, layer_ops, memory_per_stage, memory_reserve, mtp_params, param_count,
                    pattern_ops, stage_params, step_time, with_reserve)
 from .cpu_check import (CPU_ALLREDUCE_SIZES, CPU_CHECK_SET, CPU_FIT_SET, cpu_check, cpu_hardware,
                         fit_cpu_calibration, measure_cpu_steps, mini_config, predict_cpu)
-from .describe import Config, DoctorError, Layout, Model, MoE
+from .describe import EXPECTED_ERROR, Config, DoctorError, Layout, Model, MoE
+from .heldout import heldout_runs, price as heldout_price, summarise as heldout_summary
 from .hardware import HARDWARE, HARDWARE_NAMES, DoctorHardware, hardware
 from .published import PUBLISHED
 from .readers import ALIASES, dialect_of, load_yaml, parse_size, read_config, read_model, stage_split, with_layout
