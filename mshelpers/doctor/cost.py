@@ -157,14 +157,12 @@ def stage_layer_ids(cfg: Config) -> list[list[int]]:
 
 def expert_shard(cfg: Config) -> int:
     """Ranks one layer's routed experts are split over: EP ranks (over the experts) times TP ranks (over each
-    expert's FFN width), at most the dp x cp x tp ranks EP is carved out of."""
+    expert's FFN width), at most the dp x tp ranks EP is carved out of (layouts.checked: mindformers' rule)."""
     return _expert_shard(cfg.layout)
 
 
 def _expert_shard(lay: Any) -> int:
-    # context-parallel ranks hold the same parameters as data-parallel ones: EP is carved out of both
-    # (topology.groups' EP and EDP)
-    return min(lay.ep * lay.tp, lay.dp * lay.cp * lay.tp)
+    return min(lay.ep * lay.tp, lay.dp * lay.tp)
 
 
 def stage_params(cfg: Config, i: int) -> tuple[float, float]:
@@ -503,7 +501,9 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
     ids = stage_layer_ids(cfg)
     pb = lay.param_bytes
     accum = lay.grad_accum > 1 or (lay.pp > 1 and lay.micro > 1)
-    replicas_expert = max(1, lay.dp * lay.cp * lay.tp // expert_shard(cfg))     # the EDP group's size
+    # an expert shard's replicas: every data- and context-parallel rank holds the same experts (topology's EDP
+    # group), so the parallel optimizer shards their states over all of them
+    replicas_expert = max(1, lay.dp * lay.cp * lay.tp // expert_shard(cfg))
     totals, parts = [], []
     for i in range(lay.pp):
         dense, expert = stage_params(cfg, i)

@@ -272,7 +272,7 @@ def render_text(r: dict) -> str:
     cfg, st, mem, hw, cal = r["config"], r["step"], r["memory"], r["hardware"], r["calibration"]
     lay = cfg.layout
     G = 2**30
-    es = f", expert shard {expert_shard(cfg)} (min(ep x tp, dp x cp x tp))" if cfg.model.moe is not None else ""
+    es = f", expert shard {expert_shard(cfg)} (min(ep x tp, dp x tp))" if cfg.model.moe is not None else ""
     L = ["# Config doctor", "", f"**{r['verdict']}**", "",
          f"Model: {_model_line(cfg)}.", "",
          f"Layout: {layout_name(cfg)}: dp {lay.dp} x tp {lay.tp} x pp {lay.pp} x cp {lay.cp} = {lay.devices} devices, "

@@ -34,7 +34,7 @@ def _divisors(n: int) -> list[int]:
 
 def layout_name(c: Config) -> str:
     """A layout as one string naming every degree: dp, tp, pp, vpp, cp and, for MoE, ep and the expert shard (the
-    ranks one expert's weights are split over, min(ep x tp, dp x cp x tp), cost.expert_shard); then the micro-batch,
+    ranks one expert's weights are split over, min(ep x tp, dp x tp), cost.expert_shard); then the micro-batch,
     micro-batches, sequence parallel, parallel optimizer, fully recomputed layers, selective recompute, and the
     layers per stage when the stages are uneven."""
     lay = c.layout
@@ -246,12 +246,12 @@ def _noop(raw: dict, dotted: str, new: Any) -> bool:
 
 
 def _shard_notes(old: Config, new: Config) -> list[str]:
-    """What a layout change moves that its keys do not name: the expert shard min(ep x tp, dp x cp x tp)."""
+    """What a layout change moves that its keys do not name: the expert shard min(ep x tp, dp x tp)."""
     if old.model.moe is None or expert_shard(old) == expert_shard(new):
         return []
     a, b = old.layout, new.layout
-    return [f"expert shard {expert_shard(old)} -> {expert_shard(new)} (min(ep x tp, dp x cp x tp) = min({b.ep} x {b.tp}, "
-            f"{b.dp} x {b.cp} x {b.tp}), was min({a.ep} x {a.tp}, {a.dp} x {a.cp} x {a.tp})): each expert's weights split over "
+    return [f"expert shard {expert_shard(old)} -> {expert_shard(new)} (min(ep x tp, dp x tp) = min({b.ep} x {b.tp}, "
+            f"{b.dp} x {b.tp}), was min({a.ep} x {a.tp}, {a.dp} x {a.tp})): each expert's weights split over "
             f"{expert_shard(new)} ranks instead of {expert_shard(old)}"]
 
 
