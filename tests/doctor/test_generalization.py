@@ -246,3 +246,15 @@ def test_expert_states_shard_over_every_rank_that_holds_the_expert():
     one_way = dataclasses.replace(c, layout=dataclasses.replace(c.layout, cp=1, dp=16))   # same ranks, no cp
     a, b = D.memory_per_stage(c), D.memory_per_stage(one_way)
     assert a["breakdown"]["optimizer_states"] == pytest.approx(b["breakdown"]["optimizer_states"], rel=0.02)
+
+
+def test_the_kind_filter_chooses_when_a_dense_row_is_more_collective_bound(monkeypatch):
+    """With only GPT-2 13B (dense, two thirds of its step collectives) and Mixtral 8x7B (MoE) to choose from,
+    TeleChat2-39B-A12B's comm term goes to the MoE row: the all-to-all is what that constant was fitted on."""
+    keep = {"r1.3.0_run_gpt2_13b.yaml", "r1.2.0_finetune_mixtral-8x7b.yaml"}
+    rows = tuple(p for p in D.PUBLISHED if p["role"] == "fit" or p["file"] in keep)
+    monkeypatch.setattr(C, "PUBLISHED", rows)
+    shares = {f: C._shares(next(p for p in rows if p["file"] == f), str(DATA)) for f in keep}
+    assert shares["r1.3.0_run_gpt2_13b.yaml"]["comm"] > shares["r1.2.0_finetune_mixtral-8x7b.yaml"]["comm"]
+    new = [p for p in C.stand_in_points("telechat2", str(DATA)) if p["file"] not in D.FIT_POINTS]
+    assert [(p["sets"], p["file"]) for p in new] == [("comm", "r1.2.0_finetune_mixtral-8x7b.yaml")]
