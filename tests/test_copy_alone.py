@@ -457,6 +457,7 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("doctor", "stand_in_points"): (("memory",), ""),
     ("doctor", "heldout_runs"): (("memory",), ""),
     ("doctor", "heldout_price"): (("memory",), ""),
+    ("doctor", "moe_placement"): (("memory",), ""),
     ("doctor", "guide_13b_ranking"): (("memory",), ""),
     ("doctor", "diagnose"): (("memory",), ""),
     ("doctor", "main"): (("memory",), ""),

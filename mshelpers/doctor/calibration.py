@@ -8,6 +8,7 @@ predicted order of one model's layouts with the published order (Kendall's tau).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import statistics
@@ -309,6 +310,23 @@ def lofo_summary(lofo: list[dict]) -> dict:
                      "family_median": round(statistics.median(f["median_abs_error"] for f in fams), 4),
                      "worst_family": max(fams, key=lambda f: f["median_abs_error"])["family"],
                      "worst_family_median": round(max(f["median_abs_error"] for f in fams), 4)}
+    return out
+
+
+def moe_placement(rows: list[dict]) -> list[dict]:
+    """Every published MoE row priced twice with the same constants: its EP group on the nodes mindformers places
+    it (the dialect's rank order), and as if the group stayed inside one node (mcore's consecutive ranks)."""
+    out = []
+    for r in rows:
+        if not r["moe"] or r["role"] == "excluded":
+            continue
+        cfg = read_config(os.path.join(fixture_dir(), r["config"]), release=release_of(r))
+        hw = hardware(r["hardware"])
+        ep = next(g for g in step_time(cfg, hw)["groups"] if g["group"] == "EP")
+        inside = dataclasses.replace(cfg, dialect="mcore")     # the EP group as consecutive ranks
+        err_in = step_time(inside, hw)["tokens_per_s_per_device"] / r["published"] - 1
+        out.append({"config": r["config"], "role": r["role"], "ep_span": ep["span"], "ep_nodes": ep["nodes"],
+                    "published": r["published"], "error_inside_one_node": err_in, "error": r["error"]})
     return out
 
 

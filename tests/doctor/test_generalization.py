@@ -205,11 +205,15 @@ def test_the_imbalance_flag_reaches_the_price_and_is_refused_on_a_dense_model(ca
 
 
 def test_readme_doctor_block_is_what_the_code_gives():
-    """README's leave-one-family-out and held-out figures are generated (bench/doctor_tables.py), never typed."""
+    """README's doctor figures (the fit, the checks by family, leave-one-family-out, the runs kept apart) are
+    generated (bench/doctor_tables.py), never typed."""
     sys.path.insert(0, str(Path(__file__).parents[2]))
     from bench import doctor_tables
     assert doctor_tables.current() is not None, "README.md lost its doctor-figures block"
     assert doctor_tables.current() == doctor_tables.render(), "run: python bench/doctor_tables.py --write"
+    cards = doctor_tables.current(begin=doctor_tables.CARDS_BEGIN, end=doctor_tables.CARDS_END)
+    assert cards is not None, "README.md lost its doctor-cards block"
+    assert cards == doctor_tables.render_cards(), "run: python bench/doctor_tables.py --write"
 
 
 def test_a_stand_in_is_of_its_fit_rows_kind():
