@@ -13,12 +13,16 @@ Example (a Dense fitting y = 1 with plain SGD; the step returns Tensors):
     (1.0, 4.4721, True)
 
 Every caller builds its step here: `train.make_train_step` (notebooks 01, 02 and the CLI), `amp.make_scaled_train_step`
-(notebook 03) and the msrun DP worker `workers/dp_train.py` (notebook 04 and the doctor's CPU check). Three forms:
+(notebook 03), the msrun DP worker `workers/dp_train.py` (notebook 04 and the doctor's CPU check) and the CPU check
+of `workers/semi_auto_llama.py` (notebook 05: data parallel with accumulation). Three forms:
 - mode="graph": an nn.Cell, compiled when the context is GRAPH_MODE. Its Parameters (the model's, the scaler's, the
   accumulation buffer) are graph inputs, so MindSpore 2.9's compile cache brings them back intact (an `ms.jit`
   function reaching them through a closure reads zeros from a warm cache: tests/test_train.py);
 - mode="pynative": a Python function, op by op;
 - mode="jit": that function under `ms.jit` (compiled in any context; notebook 03's step).
+The forms share their parts (`_parts`: the unscale by 1 / (scale * k), the reducer, all_finite, the norm, the clip,
+the update skipped on overflow, the dynamic scale's adjustment) and their gradients (`_loss_and_grads`); they differ
+only in where the sum over micro-batches lives (a buffer of Parameters for the Cells, a tuple for the function).
 Copy this file alone: it needs MindSpore only, imported when a step is built.
 """
 from __future__ import annotations
