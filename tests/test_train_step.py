@@ -9,8 +9,13 @@ gradient itself (AdamW's first step would hide a wrong factor: it divides the gr
 The net holds a float16 parameter whose gradient is 600 (300 after the reducer), so its square overflows float16:
 a norm not summed in float32 comes out inf, clips every gradient to zero and fails here. With accumulation the
 two micro-batches' gradients differ, so a buffer that keeps only one of them fails too. (Both checked by hand
-when this file was written: `.astype(ms.float32)` dropped from `_per_grad_ops`' square_sum, and `ops.assign_add`
-replaced by `ops.assign` / `a + g / k` by `g / k`.)
+when this file was written: `.astype(ms.float32)` dropped from the square_sum, and `ops.assign_add` replaced by
+`ops.assign` / `a + g / k` by `g / k`.)
+
+The two forms share one update (`train_step._parts`); the last test runs three steps of each (clip, reducer, a
+dynamic scale that overflows) and they must agree. Checked by hand when it was written: the clip skipped in the
+shared update fails the numpy tests (20 of them); the clip or the scale's counter dropped from the Cell's call
+alone fails the three-step test.
 """
 import itertools
 
