@@ -419,7 +419,7 @@ NOT_PLAIN: dict[str, set[str]] = {
     "summary": {"ScalarSummary", "MindInsight"},
     "timing": {"IsolatedResult", "run_isolated", "compare_interleaved"},
     "tuning": {"export_mindir", "load_mindir", "mindir_roundtrip", "TuneResult", "isolated_median_step_s"},
-    "train_step": {"build_step"},
+    "train_step": {"build_step", "build_grads"},
     "train": {"lr_at", "make_optimizer", "make_loss_scaler", "NonFiniteLoss", "CollapsedRun"},
     "train_cli": {"StopSignal"},    # StopSignal blocks the process's signals: tested through the CLI
 }

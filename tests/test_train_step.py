@@ -9,8 +9,13 @@ gradient itself (AdamW's first step would hide a wrong factor: it divides the gr
 The net holds a float16 parameter whose gradient is 600 (300 after the reducer), so its square overflows float16:
 a norm not summed in float32 comes out inf, clips every gradient to zero and fails here. With accumulation the
 two micro-batches' gradients differ, so a buffer that keeps only one of them fails too. (Both checked by hand
-when this file was written: `.astype(ms.float32)` dropped from `_per_grad_ops`' square_sum, and `ops.assign_add`
-replaced by `ops.assign` / `a + g / k` by `g / k`.)
+when this file was written: `.astype(ms.float32)` dropped from the square_sum, and `ops.assign_add` replaced by
+`ops.assign` / `a + g / k` by `g / k`.)
+
+The two forms share one update (`train_step._parts`); the last test runs three steps of each (clip, reducer, a
+dynamic scale that overflows) and they must agree. Checked by hand when it was written: the clip skipped in the
+shared update fails the numpy tests (20 of them); the clip or the scale's counter dropped from the Cell's call
+alone fails the three-step test.
 """
 import itertools
 
@@ -174,3 +179,43 @@ def test_one_llama_step_unscales_clips_and_updates_like_a_numpy_reference(mode):
     assert min(moved) > 0                                                       # every weight took the step
     for a, b, m in zip(weights(net), w_ref, moved):
         assert np.abs(a - b).max() < 1e-3 * m + 1e-7                            # the same step, to rounding
+
+
+# --- the Cell and the function share one update: they must not diverge ---
+FORMS = {1: ("graph", "pynative", "jit"), 2: ("graph", "pynative")}
+
+
+def three_steps(mode: str, accum: int):
+    """Three steps of one form with clip, the reducer and a dynamic scaler that starts too high: h's scaled
+    gradient 600 x 128 = 76800 overflows float16 (65504); at 64 it fits (k = 2 sums two micro-batches' scaled
+    gradients in float16, so 64 overflows too and 32 fits). scale_window 3 leaves the counter mid-window."""
+    setup(mode="graph" if mode == "graph" else "pynative", seed=0)
+    net = TinyLoss()
+    scaler = ms.amp.DynamicLossScaler(scale_value=128.0, scale_factor=2, scale_window=3)
+    step = build_step(net, nn.SGD(net.trainable_params(), learning_rate=LR), mode=mode, scaler=scaler,
+                      clip=CLIP, accum=accum, reducer=HalfMean())
+    out = [step(Tensor(X + i), Tensor(Y)) for i in range(3)]
+    return ([(float(l.asnumpy()), float(n.asnumpy()), bool(f.asnumpy())) for l, n, f in out],
+            {p.name: p.asnumpy().astype(np.float64) for p in net.trainable_params()},
+            float(scaler.scale_value.asnumpy()), int(scaler.counter.asnumpy()))
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_the_cell_and_the_function_forms_take_the_same_three_steps(accum):
+    runs = {mode: three_steps(mode, accum) for mode in FORMS[accum]}
+    steps, params, scale, counter = runs["graph"]
+    # worked by hand: k = 1 overflows once (128 -> 64), then two finite steps count 2 of the window of 3;
+    # k = 2 overflows twice (128 -> 64 -> 32), then one finite step counts 1
+    want_finite, want_scale, want_counter = ([False, True, True], 64.0, 2) if accum == 1 else \
+        ([False, False, True], 32.0, 1)
+    assert [f for _, _, f in steps] == want_finite and (scale, counter) == (want_scale, want_counter)
+    moved = {k: np.abs(v - W0[k]).max() for k, v in params.items()}
+    assert min(moved.values()) > 0                                  # the finite steps updated every weight
+    for mode, (s, p, sc, c) in runs.items():
+        assert (sc, c) == (scale, counter), mode
+        assert [f for _, _, f in s] == want_finite, mode
+        for (l0, n0, f0), (l1, n1, _) in zip(steps, s):
+            assert l1 == pytest.approx(l0, rel=1e-5) and (n1 == pytest.approx(n0, rel=1e-5) if f0 else True), mode
+        for k in params:
+            tol = (2e-3 if k == "h" else 1e-4) * moved[k] + 1e-7    # float16's and float32's rounding
+            assert np.abs(p[k] - params[k]).max() < tol, (mode, k, p[k], params[k])

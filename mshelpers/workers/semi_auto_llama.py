@@ -25,8 +25,9 @@ docstring says that function will be removed.
 On CPU (`--cpu-check`), MindSpore refuses semi-auto parallel. The worker then shows that refusal
 (AutoParallel on the same train cell) and runs what CPU can run of the same layout: data parallel
 (legacy DATA_PARALLEL context, since AutoParallel has no data-parallel mode) with the YAML's
-micro-batches accumulated by hand, checks the accumulated gradient against one pass over the rank's
-whole slice, takes `--steps` steps on one global batch (so its loss must fall) and writes per-rank results (shapes, losses, weights checksum).
+micro-batches accumulated by `mshelpers.train_step` (the step every notebook trains with, op by op here),
+checks the accumulated gradient against one pass over the rank's whole slice, takes `--steps` steps on one
+global batch (so its loss must fall) and writes per-rank results (shapes, losses, weights checksum).
 """
 import argparse
 import time
@@ -148,28 +149,20 @@ except Exception as e:  # noqa: BLE001 - the message is the result
     result["semi_auto_on_cpu"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
 ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
 
-# 2. data parallel with the YAML's micro-batches: rank r reads rows [r*b*m, (r+1)*b*m) of the global batch
+# 2. data parallel with the YAML's micro-batches: rank r reads rows [r*b*m, (r+1)*b*m) of the global batch.
+# build_step splits them into m micro-batches of b rows, sums their gradients, divides by m (what GradAccumulation
+# computes), all-reduces the mean over dp and takes one AdamW update; build_grads is that step's gradient half.
+from mshelpers.train_step import build_grads, build_step  # noqa: E402
+
 params = net.trainable_params()
 opt = nn.AdamWeightDecay(params, learning_rate=1e-3)
-reducer = nn.DistributedGradReducer(params, mean=True)
-grad_fn = ms.value_and_grad(net, None, params)
-
-
-def accumulated(rows):
-    """Mean loss and gradients over m micro-batches of b rows (what GradAccumulation computes)."""
-    loss_sum, acc = 0.0, None
-    for k in range(m):
-        loss, grads = grad_fn(ms.Tensor(rows[k * b:(k + 1) * b], ms.int32))
-        loss_sum += float(loss.asnumpy())
-        acc = grads if acc is None else tuple(a + g for a, g in zip(acc, grads))
-    return loss_sum / m, tuple(g / m for g in acc)
-
+step = build_step(net, opt, mode="pynative", accum=m, reducer=nn.DistributedGradReducer(params, mean=True))
 
 rng = np.random.default_rng(spec.get("seed", 0))
 first = ids_batch(rng, global_batch)
-mine = first[rank * b * m:(rank + 1) * b * m]
-_, g_acc = accumulated(mine)
-_, g_full = grad_fn(ms.Tensor(mine, ms.int32))      # one pass over the rank's b*m rows
+mine = ms.Tensor(first[rank * b * m:(rank + 1) * b * m], ms.int32)
+_, g_acc = build_grads(net, params, accum=m)(mine)   # m micro-batches of b rows, averaged
+_, g_full = build_grads(net, params)(mine)           # one pass over the rank's b*m rows
 rel = max(float(np.abs(a.asnumpy() - f.asnumpy()).max() / (np.abs(f.asnumpy()).max() + 1e-12))
           for a, f in zip(g_acc, g_full))
 result.update(rank_rows=int(mine.shape[0]), micro_batch_shape=[b, seq + 1], full_batch_shape=[global_batch, seq + 1],
@@ -177,12 +170,11 @@ result.update(rank_rows=int(mine.shape[0]), micro_batch_shape=[b, seq + 1], full
 losses, times = [], []
 batch = first
 for i in range(args.steps):
-    rows = batch[rank * b * m:(rank + 1) * b * m]
+    rows = ms.Tensor(batch[rank * b * m:(rank + 1) * b * m], ms.int32)
     t0 = time.perf_counter()
-    loss, grads = accumulated(rows)
-    opt(reducer(grads))                      # all-reduce mean over dp, then one update per step
+    loss, _, _ = step(rows)
+    losses.append(float(loss.asnumpy()))
     times.append(time.perf_counter() - t0)
-    losses.append(loss)
     # the same global batch every step: uniform random tokens hold nothing to learn across batches (the loss of a
     # fresh batch stays at ln(vocab)), while fitting one batch must lower its loss, so the run can show it trained
 flat = np.concatenate([p.asnumpy().ravel() for p in params])

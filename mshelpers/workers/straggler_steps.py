@@ -4,7 +4,7 @@
           straggler_steps.py --preset tiny --steps 12 --slow-rank 1 --slow-factor 2
 
 Each step is timed in two parts on every rank, both synchronised with `.asnumpy()`:
-  compute_s  forward + backward of this rank's shard (a jitted `value_and_grad`): the rank's own work;
+  compute_s  forward + backward of this rank's shard (`train_step.build_grads`, jitted): the rank's own work;
   compute_cpu_s  the same span in CPU seconds of this process (`time.process_time`, all its threads): the
              rank's own work without the time the OS gave to other processes, which on a shared CPU host
              (2 ranks and everything else on 2 cores) moves a short step's wall time by tens of percent;
@@ -49,6 +49,7 @@ def main() -> None:
     from mshelpers.launch import report_progress, write_rank_result
     from mshelpers.model import build_model
     from mshelpers.train import make_optimizer
+    from mshelpers.train_step import build_grads
 
     rank, world = get_rank(), get_group_size()
     cfg = RunConfig.preset(args.preset).replace(mode="graph", steps=2 * (args.steps + args.warmup))
@@ -56,16 +57,12 @@ def main() -> None:
     net = build_model(cfg)
     opt = make_optimizer(net, cfg)
     params = opt.parameters
-    grad_fn = ms.value_and_grad(net, None, params)
     reducer = nn.DistributedGradReducer(params, mean=True)
+    compute = ms.jit(build_grads(net, params))     # the step's gradients, timed apart from its all-reduce
 
     @ms.jit
-    def compute(input_ids):
-        return grad_fn(input_ids)
-
-    @ms.jit
-    def sync(grads):
-        opt(reducer(grads))
+    def sync(grads):                               # not build_step's update: its norm and overflow check would
+        opt(reducer(grads))                        # be timed as communication
         return grads[0].sum()
 
     batches = numpy_batches(cfg, num_shards=world, shard_id=rank)
