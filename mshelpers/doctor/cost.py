@@ -27,7 +27,7 @@ import re
 from typing import Any
 
 from . import topology
-from .describe import CALIBRATION, Config, DoctorError, Model, _sibling
+from .describe import CALIBRATION, Config, DoctorError, Model
 
 
 # ---------------------------------------------------------------- FLOPs and parameters
@@ -466,7 +466,10 @@ def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
     two largest stay on device), working (one layer rematerialised under recompute), output (logits on the last
     stage), in_flight (micro-batches held under 1F1B, x Narayanan et al.'s interleaved factor) and
     bytes = per_micro_batch x in_flight + working + output, the term memory_per_stage adds."""
-    mem = _sibling("memory")
+    if "." in __package__:
+        from .. import memory as mem
+    else:  # the doctor/ folder copied beside its siblings as plain files
+        import memory as mem
     m, lay = cfg.model, cfg.layout
     if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < lay.pp):
         raise DoctorError("stage", i, f"0 <= stage < pp = {lay.pp}")

@@ -12,16 +12,6 @@ from typing import Any
 from .published import PUBLISHED
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it: mshelpers.<module>
-    inside the package, plain <module> when the `doctor/` folder was copied beside the modules it needs."""
-    import importlib
-    parent = (__package__ or "").rpartition(".")[0]
-    mod = importlib.import_module(f"{parent}.{module}" if parent else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 class DoctorError(ValueError):
     """Bad input, said in one line: which field, what value, and the fix."""
 
