@@ -145,7 +145,7 @@ CALLS: dict[str, str] = {
         import numpy as np
         import yaml
         c = m.read_config(yaml.safe_load(MF_YAML))
-        assert c.devices == 8 and c.budget_bytes == 58 * 2**30 and m.param_count(c) > 6e9
+        assert c.layout.devices == 8 and c.budget_bytes == 58 * 2**30 and m.param_count(c) > 6e9
         st = m.step_time(c, m.hardware("atlas-800t-a2"))
         assert st["step_s"] > 0 and 0 < st["mfu_6n"] < 1 and c.model.ffn == 11008 and c.dialect == "r1.x"
         assert m.parse_size("58GB") == 58 * 2**30 and m.dialect_of({"training": {}}) == "pynative"
@@ -156,10 +156,10 @@ CALLS: dict[str, str] = {
                             where="m", dialect="r1.x").ffn == 256
         assert sum(m.layer_ops(c.model, 0).values()) > 0 and m.stage_params(c, 0)[0] > 6e9
         assert m.load_yaml({"a": 1}) == {"a": 1} and isinstance(m.Layout(), m.Layout) and m.TERMS
-        assert m.with_layout(c, batch_size=2).batch == 2 and m.fixture_dir()
+        assert m.with_layout(c, batch_size=2).layout.batch == 2 and m.fixture_dir()
         assert m.family_summary([{"role": "check", "family": "x", "error": 0.1, "fits": True}])[0]["n"] == 1
         assert m.ranking_groups([]) == [] and m.release_of({"config": "r1.3.0_x.yaml"}) == (1, 3, 0)
-        assert m.layout_variant(c, batch_size=2).batch == 2 and m.edited_yaml(c, batch_size=2) != c.raw
+        assert m.layout_variant(c, batch_size=2).layout.batch == 2 and m.edited_yaml(c, batch_size=2) != c.raw
         assert m.rank_groups(c.layout, "r1.x")["DP"] == list(range(8)) and m.group_span([0, 8], 8)["nodes"] == 2
         assert m.rank_map(c.layout, "r1.x", 8)[7]["dp"] == 7 and "check_rules.py" in m.as_shipped_limit(c)
         assert m.off_families([{"role": "check", "family": "x", "moe": True, "error": 0.6, "fits": True}]) == {("x", True)}

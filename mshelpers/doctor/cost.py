@@ -406,7 +406,7 @@ def memory_reserve(cfg: Config, hw: Any) -> dict[str, Any]:
 def _domains(cfg: Config) -> list[str]:
     names = [k for k, ranks in topology.groups(cfg.layout, cfg.dialect).items() if len(ranks) > 1
              and (cfg.model.moe is not None or k not in ("EP", "EDP"))]
-    return names + (["world"] if cfg.devices > 1 else [])
+    return names + (["world"] if cfg.layout.devices > 1 else [])
 
 
 def with_reserve(cfg: Config, hw: Any) -> Config:

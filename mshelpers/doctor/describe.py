@@ -166,12 +166,6 @@ CALIBRATION = Calibration(compute_efficiency=0.6255, comm_time_factor=2.572, fit
                           half_width=0.0, attention_efficiency=0.8149, head_dim_half=721.4)
 
 
-_MODEL_NAMES = {"hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "seq", "flash"}
-_LAYOUT_NAMES = {"dp", "pp", "micro", "batch", "grad_accum", "interleave", "seq_parallel", "vocab_emb_dp",
-                 "compute_dtype", "param_bytes", "stage_layers", "full_recompute", "select_ops", "devices",
-                 "n_micro", "global_batch", "parallel_optimizer", "ep", "cp", "vpp"}
-
-
 @dataclass(frozen=True)
 class Config:
     """A read file: the model, the layout, the memory budget, the dialect, and the parsed file itself."""
@@ -185,18 +179,6 @@ class Config:
     release: tuple = ()             # the mindformers release the file runs on, when given (read_config(release=))
     key_flags: tuple = field(default=(), compare=False)   # unknown keys and missing sections (keys.key_flags)
     hccl_reserve: bool = False      # keep HCCL's buffers free inside the budget (cost.memory_reserve; Ascend only)
-
-    # the flat names of the single-dataclass doctor, kept for code written against it
-    def __getattr__(self, name: str) -> Any:
-        if name in _MODEL_NAMES:
-            return getattr(self.model, name)
-        if name in _LAYOUT_NAMES:
-            return getattr(self.layout, name)
-        if name == "mp":
-            return self.layout.tp
-        if name == "layout_name":
-            return self.dialect
-        raise AttributeError(name)
 
     def layout_dict(self) -> dict:
         """The layout as mindformers' r1.x names (for the report, --json and the search's change lists)."""

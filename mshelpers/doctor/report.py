@@ -30,15 +30,16 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
         cfg = replace(cfg, budget_bytes=int(hw.memory_bytes))
     cfg = with_reserve(cfg, hw)
     moved = None
-    if devices is not None and devices != cfg.devices:
+    if devices is not None and devices != cfg.layout.devices:
         # the file's own layout needs cfg.devices: search the layouts of the same model and batch on `devices`
         rows = better_layouts(cfg, hw, devices=devices, calib=calib)
         if not rows:
-            mpp = cfg.mp * cfg.pp * cfg.layout.cp
+            lay = cfg.layout
             raise DoctorError("--devices", devices, f"a device count with a layout that fits: the file's "
-                              f"dp*tp*pp*cp = {cfg.dp}*{cfg.mp}*{cfg.pp}*{cfg.layout.cp} = {cfg.devices}, and no layout "
-                              f"of global batch {cfg.global_batch} fits on {devices} (tp*pp*cp is {mpp} in the file)")
-        moved = {"from_devices": cfg.devices, "from_layout": layout_name(cfg), "changes": rows[0]["changes"],
+                              f"dp*tp*pp*cp = {lay.dp}*{lay.tp}*{lay.pp}*{lay.cp} = {lay.devices}, and no layout "
+                              f"of global batch {lay.global_batch} fits on {devices} (tp*pp*cp is "
+                              f"{lay.tp * lay.pp * lay.cp} in the file)")
+        moved = {"from_devices": cfg.layout.devices, "from_layout": layout_name(cfg), "changes": rows[0]["changes"],
                  "layout": rows[0]["layout"]}
         cfg = replace(rows[0]["config"], key_flags=cfg.key_flags, notes=cfg.notes)
     mem = memory_per_stage(cfg)

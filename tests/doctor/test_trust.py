@@ -280,7 +280,7 @@ def test_out_on_other_devices_moves_dp_and_its_alias_follows(tmp_path, capsys):
     dp = got["parallel_config"]["data_parallel"]
     assert dp * got["parallel_config"]["model_parallel"] * got["parallel_config"]["pipeline_stage"] == 16
     assert all(x[0] == dp for x in got["parallel"]["dataset_strategy"]) and body.count("*dp") == src.read_text().count("*dp")
-    assert D.diagnose(str(tmp_path / "o" / "improved.yaml"), search=False)["config"].devices == 16
+    assert D.diagnose(str(tmp_path / "o" / "improved.yaml"), search=False)["config"].layout.devices == 16
 
 
 # ---------------------------------------------------------------- 7. one FLOP bookkeeping
