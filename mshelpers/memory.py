@@ -548,8 +548,8 @@ def estimate_from_mindformers_yaml(path: Any, *, budget_bytes: float | None = No
     for the keys the file leaves to pretrained_model_dir. Budget: `budget_bytes`, else context.max_device_memory,
     else the memory of the doctor's `hardware` profile (the CLI's rule).
 
-    Returns the largest stage's breakdown, params, grads, optimizer_states, activations, grad_accum_buffer and
-    total, plus: stage (its index), per_stage_totals, n_params (whole model), devices, layout (e.g.
+    Returns the largest stage's breakdown, params, grads (with the accumulation buffer, which the doctor counts
+    as the gradients' one copy), optimizer_states, activations and total, plus: stage (its index), per_stage_totals, n_params (whole model), devices, layout (e.g.
     "dp8-mp1-pp1"), dp, tp, pp, micro_batch_num, micro_batch, grad_accum_steps, parallel_optimizer, budget,
     fits, headroom, source, and config (the doctor's Config: model and layout as read).
 

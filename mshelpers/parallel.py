@@ -450,8 +450,8 @@ def _priced(dcfg: Any, hardware: Any, schedule: str, v: int, order: str, fits_kn
                   memory_per_device_bytes=total, comm_bytes_per_step=round(t["total"]),
                   bubble_fraction=P.pipeline_bubble_fraction(lay.pp, lay.n_micro, v if lay.pp > 1 else 1),
                   comm_dp_bytes=round(t["dp"]), comm_tp_bytes=round(t["tp"]), comm_pp_bytes=round(t["pp"]),
-                  model_state_bytes=part["params"] + part["grads"] + part["optimizer_states"]
-                  + part["grad_accum_buffer"], activation_bytes=part["activations"],
+                  model_state_bytes=part["params"] + part["grads"] + part["optimizer_states"],
+                  activation_bytes=part["activations"],
                   fits=(total + mem["reserve_bytes"] <= dcfg.budget_bytes) if fits_known else None,
                   step_time=_step(dcfg, hardware) if hardware is not None else None,
                   schedule=schedule if lay.pp > 1 else "1f1b", virtual_stages=v if lay.pp > 1 else 1,

@@ -417,7 +417,7 @@ def with_reserve(cfg: Config, hw: Any) -> Config:
 
 def memory_per_stage(cfg: Config) -> dict[str, Any]:
     """Peak bytes per device of each pipeline stage, against the budget, with the largest stage's breakdown
-    (params, grads, optimizer_states, activations, grad_accum_buffer)."""
+    (params, grads, optimizer_states, activations; an accumulation buffer is counted in grads)."""
     m, lay = cfg.model, cfg.layout
     ids = stage_layer_ids(cfg)
     pb = lay.param_bytes
@@ -443,14 +443,13 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
         # accumulating (pipeline micro-batches or gradient accumulation): MindSpore adds each micro-batch's
         # gradients into the accu_grads buffer as the backward produces them, so the buffer is the one
         # gradient-sized copy (counted as grads; sliced over dp with gradient_accumulation_shard)
-        buffer = 0
         if accum and lay.shard_accum and po:
             grads = grads / lay.shard_ranks
         activations = stage_activations(cfg, i)["bytes"]
-        total = params + grads + states + buffer + activations
+        total = params + grads + states + activations
         totals.append(int(total))
         parts.append({"params": int(params), "grads": int(grads), "optimizer_states": int(states),
-                      "activations": int(activations), "grad_accum_buffer": int(buffer)})
+                      "activations": int(activations)})
     peak = max(range(lay.pp), key=lambda k: totals[k])
     budget = cfg.budget_bytes
     reserve = 2 * HCCL_BUFFSIZE_BYTES * len(_domains(cfg)) if cfg.hccl_reserve else 0

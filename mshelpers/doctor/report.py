@@ -115,8 +115,8 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
             "moved": moved, "budget_source": budget_source}
 
 
-_MEMORY_TERMS = (("params", "parameters"), ("grads", "gradients"), ("grad_accum_buffer", "the gradient accumulation "
-                 "buffer"), ("optimizer_states", "optimizer states"), ("activations", "activations"))
+_MEMORY_TERMS = (("params", "parameters"), ("grads", "gradients"), ("optimizer_states", "optimizer states"),
+                 ("activations", "activations"))
 
 
 def dominant_term(mem: dict) -> tuple[str, int]:
@@ -244,7 +244,7 @@ def render_text(r: dict) -> str:
           "|---|---|---|---|---|---|---|---|"]
     budget = mem["budget_bytes"] or 0
     for i, (b, part) in enumerate(zip(mem["per_stage_bytes"], mem["per_stage_breakdown"])):
-        L.append(f"| {i} | {part['params'] / G:.2f} | {(part['grads'] + part['grad_accum_buffer']) / G:.2f} | "
+        L.append(f"| {i} | {part['params'] / G:.2f} | {part['grads'] / G:.2f} | "
                  f"{part['optimizer_states'] / G:.2f} | {part['activations'] / G:.2f} | {b / G:.2f} | {budget / G:.2f} | "
                  f"{(budget - mem.get('reserve_bytes', 0) - b) / G:+.2f} |")
     rs = r.get("reserve") or {}
@@ -420,8 +420,8 @@ def figures(r: dict, out_dir: str) -> dict[str, str]:
     parts = mem["per_stage_breakdown"]
     fig, ax = plt.subplots(figsize=(6, 3.2))
     bottom = [0.0] * len(parts)
-    for key, label in (("params", "params"), ("grads", "grads"), ("grad_accum_buffer", "grad accumulation"),
-                       ("optimizer_states", "optimizer"), ("activations", "activations")):
+    for key, label in (("params", "params"), ("grads", "grads"), ("optimizer_states", "optimizer"),
+                       ("activations", "activations")):
         vals = [p[key] / G for p in parts]
         ax.bar(range(len(parts)), vals, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, vals)]
