@@ -239,7 +239,6 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     rate_attn = rate * min(1.0, calib.attention_efficiency * head_dim_factor(m, calib))
     rate_expert = _rate(peak, calib, m.moe.expert_ffn / lay.tp) if m.moe is not None else rate
     f_comm = calib.comm_time_factor
-    act_bytes = tokens_micro * m.hidden * 2
     spans = {k: topology.span(v, hw.devices_per_node) for k, v in topology.groups(lay, cfg.dialect).items()}
     tp_bw, tp_lat = topology.ring_link(hw, spans["TP"])
     cp_bw, cp_lat = topology.ring_link(hw, spans["CP"])
@@ -281,43 +280,30 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
             # 4 more for each layer whose attention is recomputed
             scores = lay.batch * lay.interleave * (m.heads / lay.tp) * (m.seq / lay.cp) * m.seq * 2
             a = scores * (SCORE_PASSES * n + 4 * attn_layers_recomputed) / hw.hbm_bytes_per_s
-        t = 0.0
-        if lay.tp > 1:
-            n_coll = 8 * n + 4 * n_full + (2 if i == 0 and not lay.vocab_emb_dp else 0)
-            t = n_coll * ((lay.tp - 1) / lay.tp * act_bytes / tp_bw * f_comm + tp_lat)
-        e = 0.0
-        moe_layers = [j for j in ids[i] if m.moe is not None and m.moe.is_moe_layer(j)]
-        if moe_layers and spans["EP"]["size"] > 1:
-            # under sequence parallel, r1.5.0+ MoEV2 routes each tp rank's own sequence shard (r1.5.0
-            # modules/transformer/moe.py l.696 router over dp x mp, l.755 _ffn_forward_sq); r1.2.0-r1.3.x MoEV2
-            # reshapes to (data_parallel, -1, h) and gathers over dp only (r1.3.0 moe.py l.647, l.751,
-            # TopkRouterV2.dispatch_gather l.1152 shard ((dp, 1, 1), (dp, 1, 1))): every tp rank sends the whole slice
-            local = tokens_micro / (lay.tp if lay.seq_parallel and m.moe.sp_dispatch else 1)
-            buffer = local * m.moe.slots() * m.hidden * 2                   # every slot is sent, filled or not
-            n_a2a = 4 * len(moe_layers) + 2 * sum(1 for j in moe_layers if j - ids[i][0] < n_full)
-            e = n_a2a * (topology.all_to_all_time(hw, spans["EP"], buffer) * f_comm + ep_lat)
-        x = 0.0
-        if lay.cp > 1:
-            if lay.cp_kind == "ulysses":
-                one = topology.all_to_all_time(hw, spans["CP"], act_bytes) * f_comm + cp_lat
-                x = (8 * n + 4 * n_full) * one
-            else:
-                kv = tokens_micro * (m.kv_heads * m.head_dim if m.attention != "mla" else m.kv_lora_rank + m.qk_rope_dim)
-                one = 2 * kv * 2 / cp_bw * f_comm + cp_lat                # K and V of the local chunk, 16-bit
-                x = (lay.cp - 1) * one * (3 * n + n_full)                 # forward, backward x2, recompute
-        p = 0.0
-        if lay.pp > 1:
-            # per micro-batch and chunk, the stage sends its activations on to the next stage and its input
-            # gradients back to the one before (interleaved: the last stage's next is stage 0), each on the link
-            # that hop crosses: stages that share a node talk over its mesh, a hop between nodes over the NIC
-            sent = act_bytes / (lay.tp if lay.seq_parallel else 1)
+        # each group's collectives (stage_collectives: how many, how many bytes) on the links the group crosses
+        coll = stage_collectives(cfg, i)
+        t = e = x = p = 0.0
+        if "TP" in coll:
+            k, nbytes, _ = coll["TP"]
+            t = k * ((lay.tp - 1) / lay.tp * nbytes / tp_bw * f_comm + tp_lat)
+        if "EP" in coll and spans["EP"]["size"] > 1:
+            k, nbytes, _ = coll["EP"]
+            e = k * (topology.all_to_all_time(hw, spans["EP"], nbytes) * f_comm + ep_lat)
+        if "CP" in coll:
+            k, nbytes, kind = coll["CP"]
+            one = topology.all_to_all_time(hw, spans["CP"], nbytes) if kind == "all_to_all" else nbytes / cp_bw
+            x = k * (one * f_comm + cp_lat)
+        if "PP" in coll:
+            # each hop on the link it crosses: stages that share a node talk over its mesh, a hop between nodes
+            # over the NIC (interleaved: the last stage's next is stage 0)
+            k, nbytes, _ = coll["PP"]
             nxt, prev = (i + 1) % lay.pp, (i - 1) % lay.pp
             if lay.vpp == 1:                    # no wrap-around: the end stages have one neighbour, both ways
                 nxt, prev = (prev if i == lay.pp - 1 else nxt), (nxt if i == 0 else prev)
             for j in (nxt, prev):
                 bw, lat = topology.ring_link(hw, topology.span(sorted({i * stage_ranks, j * stage_ranks}),
                                                                hw.devices_per_node))
-                p += lay.vpp * (sent / bw * f_comm + lat)
+                p += k / 2 * (nbytes / bw * f_comm + lat)
         comp.append(c), hbm.append(a), tps.append(t), eps.append(e), cps.append(x), p2ps.append(p)
         per_stage.append(c + a + t + e + x + p)
     b = max(range(lay.pp), key=lambda k: per_stage[k])
@@ -334,22 +320,23 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     dp_bw, dp_lat = topology.ring_link(hw, dp_sp)
     edp_bw, edp_lat = topology.ring_link(hw, edp_sp)
 
-    def reduce_one(params: float, sp: dict, bw: float, lat: float) -> float:
-        """One pass (reduce-scatter or all-gather) of `params` over group `sp`, exposed-time scaled."""
+    def reduce_one(nbytes: float, sp: dict, bw: float, lat: float) -> float:
+        """One pass (reduce-scatter or all-gather) of `nbytes` over group `sp`, exposed-time scaled."""
         n = sp["size"]
-        return 0.0 if n < 2 or params <= 0 else (n - 1) / n * params * lay.param_bytes / bw * f_comm + lat
+        return 0.0 if n < 2 or nbytes <= 0 else (n - 1) / n * nbytes / bw * f_comm + lat
 
-    one_dense = reduce_one(dense, dp_sp, dp_bw, dp_lat)
-    one_expert = reduce_one(expert, edp_sp, edp_bw, edp_lat)      # routed experts: over their replicas only
+    grads = gradient_collectives(cfg, b)
+    passes = grads["DP"][0]
+    one_dense = reduce_one(grads["DP"][1], dp_sp, dp_bw, dp_lat)
+    one_expert = reduce_one(grads["EDP"][1], edp_sp, edp_bw, edp_lat)     # routed experts: over their replicas only
     one = one_dense + one_expert
     if one > 0:
+        dp_total = passes * one
         if lay.optimizer_shard == "fsdp":
             # parameters gathered before forward and backward of every micro-batch's layers, gradients
             # reduce-scattered once: prefetched behind the compute of the layer before
-            dp_total = (2 * nm + 1) * one
             window = (compute_s + tp_s) * hw.dp_overlap
         else:
-            dp_total = 2 * one      # reduce-scatter + all-gather (parallel optimizer), or one all-reduce
             # the parallel optimizer's parameter all-gather comes after the update, before the next forward
             dp_exposed_part = one if lay.optimizer_shard == "po" else 0.0
     dp_s = dp_exposed_part + max(0.0, dp_total - dp_exposed_part - window)
@@ -382,6 +369,59 @@ TERMS = (("compute_s", "compute"), ("attn_hbm_s", "attention scores through HBM 
          ("tp_s", "TP/SP collectives"), ("ep_s", "MoE all-to-all (EP)"),
          ("cp_s", "context parallel"), ("p2p_s", "pipeline point-to-point"), ("bubble_s", "pipeline bubble"),
          ("dp_s", "DP reduction, exposed"), ("optimizer_s", "optimizer update"))
+
+
+def stage_collectives(cfg: Config, i: int) -> dict[str, tuple[float, float, str]]:
+    """The collectives one device of stage i runs per micro-batch, by group, as (count, bytes each, kind); a
+    group that sends nothing is left out. kind "ring" or "all_to_all": each rank sends (n - 1)/n of the bytes
+    over a group of n; "p2p": all of them. `step_time` prices each on the links its group crosses;
+    `adapt.traffic_bytes` counts the bytes sent.
+
+      TP  ring all-reduces of the b·s·h activations at 16 bits: 8 per layer, 4 more per fully recomputed layer,
+          2 on stage 0 for a vocabulary embedding split over tp
+      EP  all-to-alls of every routed slot, filled or not: 4 per MoE layer, 2 more per recomputed one
+      CP  Ulysses: all-to-alls of the activations (as TP's count); ring: the local K and V passed cp - 1 times
+          for the forward, twice for the backward and once per recomputed layer
+      PP  the activations on to the next stage and their gradients back to the one before, per chunk
+    """
+    m, lay = cfg.model, cfg.layout
+    first = sum(lay.stage_layers[:i])
+    ids = range(first, first + lay.stage_layers[i])           # stage_layer_ids(cfg)[i]
+    n, n_full = len(ids), lay.full_recompute[i]
+    tokens_micro = lay.batch * lay.interleave * m.seq / lay.cp     # tokens of one micro-batch on one device
+    act_bytes = tokens_micro * m.hidden * 2
+    out: dict[str, tuple[float, float, str]] = {}
+    if lay.tp > 1:
+        out["TP"] = (8 * n + 4 * n_full + (2 if i == 0 and not lay.vocab_emb_dp else 0), act_bytes, "ring")
+    moe_layers = [j for j in ids if m.moe is not None and m.moe.is_moe_layer(j)]
+    if moe_layers:
+        # under sequence parallel, r1.5.0+ MoEV2 routes each tp rank's own sequence shard (r1.5.0
+        # modules/transformer/moe.py l.696 router over dp x mp, l.755 _ffn_forward_sq); r1.2.0-r1.3.x MoEV2
+        # reshapes to (data_parallel, -1, h) and gathers over dp only (r1.3.0 moe.py l.647, l.751,
+        # TopkRouterV2.dispatch_gather l.1152 shard ((dp, 1, 1), (dp, 1, 1))): every tp rank sends the whole slice
+        local = tokens_micro / (lay.tp if lay.seq_parallel and m.moe.sp_dispatch else 1)
+        out["EP"] = (4 * len(moe_layers) + 2 * sum(1 for j in moe_layers if j - ids[0] < n_full),
+                     local * m.moe.slots() * m.hidden * 2, "all_to_all")
+    if lay.cp > 1:
+        if lay.cp_kind == "ulysses":
+            out["CP"] = (8 * n + 4 * n_full, act_bytes, "all_to_all")
+        else:
+            kv = tokens_micro * (m.kv_heads * m.head_dim if m.attention != "mla" else m.kv_lora_rank + m.qk_rope_dim)
+            out["CP"] = ((lay.cp - 1) * (3 * n + n_full), 2 * kv * 2, "p2p")     # K and V of the local chunk, 16-bit
+    if lay.pp > 1:
+        out["PP"] = (2 * lay.vpp, act_bytes / (lay.tp if lay.seq_parallel else 1), "p2p")
+    return out
+
+
+def gradient_collectives(cfg: Config, i: int) -> dict[str, tuple[float, float, str]]:
+    """Stage i's gradient reduction per optimizer step, as stage_collectives gives the rest: DP passes over its
+    dense parameters' bytes, EDP passes over its routed experts' (over their replicas only). Two ring passes
+    (reduce-scatter + all-gather under the parallel optimizer, or one all-reduce); FSDP gathers the parameters
+    before the forward and the backward of every micro-batch too: 2 x micro-batches + 1."""
+    lay = cfg.layout
+    dense, expert = stage_params(cfg, i)
+    passes = 2 * lay.n_micro + 1 if lay.optimizer_shard == "fsdp" else 2
+    return {"DP": (passes, dense * lay.param_bytes, "ring"), "EDP": (passes, expert * lay.param_bytes, "ring")}
 
 
 # ---------------------------------------------------------------- memory
