@@ -25,21 +25,16 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 def _build_dir(*parts: str) -> Any:
     """config.build_dir(*parts) inside the cookbook; copied alone, $MSHELPERS_BUILD or ./build (created)."""
     import os
     from pathlib import Path
     try:
-        return _sibling("config", "build_dir")(*parts)
+        if __package__:
+            from .config import build_dir
+        else:  # copied beside its siblings as plain files
+            from config import build_dir
+        return build_dir(*parts)
     except ImportError:
         p = Path(os.environ.get("MSHELPERS_BUILD") or Path.cwd() / "build").joinpath(*parts)
         p.mkdir(parents=True, exist_ok=True)
@@ -420,8 +415,11 @@ def make_scaled_train_step(loss_net: Any, optimizer: Any, *, init_scale: float =
 
     scaler = ms.amp.DynamicLossScaler(scale_value=float(init_scale), scale_factor=scale_factor,
                                       scale_window=scale_window)
-    inner = _sibling("train_step", "build_step")(loss_net, optimizer, mode="jit" if jit else "pynative",
-                                                 scaler=scaler, clip=grad_clip)
+    if __package__:
+        from .train_step import build_step
+    else:  # copied beside its siblings as plain files
+        from train_step import build_step
+    inner = build_step(loss_net, optimizer, mode="jit" if jit else "pynative", scaler=scaler, clip=grad_clip)
     checked: list[int] = []
 
     def step(*xs: Any) -> ScaledStepResult:
@@ -479,21 +477,27 @@ def amp_level_run(level: str, preset: str = "mini", steps: int = 4, seed: int = 
         >>> r = run_isolated(amp_level_run, "O2", steps=4)  # spawns a process that compiles and trains mini  # doctest: +SKIP
         >>> r.value["median step (ms)"], r.peak_rss_mb      # needs r from the skipped line above  # doctest: +SKIP
     """
-    AMP_LEVELS, RunConfig, build_dir = _sibling("config", "AMP_LEVELS", "RunConfig", "build_dir")
+    if __package__:
+        from .config import AMP_LEVELS, RunConfig, build_dir
+        from .data import numpy_batches
+        from .device import setup
+        from .model import build_model, precision_knobs
+        from .train import compile_cache as cached, train
+    else:  # copied beside its siblings as plain files
+        from config import AMP_LEVELS, RunConfig, build_dir
+        from data import numpy_batches
+        from device import setup
+        from model import build_model, precision_knobs
+        from train import compile_cache as cached, train
 
     if level not in AMP_LEVELS:
         raise ValueError(f"amp_level_run: level={level!r} is invalid; fix: use one of {AMP_LEVELS}")
     import mindspore as ms
 
-    numpy_batches = _sibling("data", "numpy_batches")
-    setup = _sibling("device", "setup")
-    build_model, precision_knobs = _sibling("model", "build_model", "precision_knobs")
-    train = _sibling("train", "train")
-
     cfg = RunConfig.preset(preset).replace(mode="graph", amp_level=level, steps=steps, seed=seed).validate()
     device = setup(mode="graph", seed=seed)
     net = build_model(cfg, device)
-    with _sibling("train", "compile_cache")(cfg, compile_cache):   # None: compile as usual
+    with cached(cfg, compile_cache):   # None: compile as usual
         hist = train(cfg, net=net, progress=False, peak_flops=peak_flops or 1.0,
                      csv_path=build_dir("runs") / f"amp-{preset}-{level}.csv")
     s = hist.summary()

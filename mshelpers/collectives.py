@@ -28,15 +28,6 @@ if TYPE_CHECKING:      # annotations only, never imported at run time: the modul
     from .hardware import Hardware
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 # ---------------------------------------------------------------- bytes each rank sends (ring algorithms)
 def ring_allreduce_bytes(buffer_bytes: int, group_size: int) -> int:
     """Bytes each rank sends in a ring all-reduce of `buffer_bytes`: 2(n-1)/n·S (0 for n = 1).
@@ -134,8 +125,12 @@ def measure_collectives(ranks: int = 2, sizes: Sequence[int] | None = None,
     if bad or not ops:
         raise ValueError(f"{fn}: ops={ops!r} has unknown {bad}; fix: choose from {COLLECTIVES}")
     repeats = _pos(fn, "repeats", repeats)
-    msrun = _sibling("launch", "msrun")                 # imported here: the planner above runs without MindSpore
-    script_path = _sibling("workers", "script_path")
+    if __package__:                                     # imported here: the planner above runs without MindSpore
+        from .launch import msrun
+        from .workers import script_path
+    else:  # copied beside its siblings as plain files
+        from launch import msrun
+        from workers import script_path
     run = msrun(script_path("collectives_bench"), workers=ranks, log_dir=log_dir, timeout=timeout,
                 args=_collectives_bench_args(ranks, sizes, ops, repeats, warmup, max_seconds_per_size, threads))
     per_rank = [r["rows"] for r in run.results() if r]
@@ -292,7 +287,10 @@ def collective_time(op: str, nbytes: float, group_size: int, hardware: Hardware,
     group_size = _pos("collective_time", "group_size", group_size)
     if group_size == 1:
         return 0.0
-    topology = _sibling("doctor.topology")
+    if __package__:
+        from .doctor import topology
+    else:  # copied beside its siblings as plain files
+        from doctor import topology
     dh = hardware.to_doctor()[0]
     node = dh.devices_per_node
     ranks = [k * node for k in range(group_size)] if crosses_nodes else list(range(group_size))

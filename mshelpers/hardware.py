@@ -23,15 +23,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 # ---------------------------------------------------------------- a profile and the source of each figure
 @dataclass(frozen=True)
 class Hardware:
@@ -121,7 +112,10 @@ class Hardware:
         """(DoctorHardware, Calibration) that `doctor.cost.step_time` prices with. A view made by `from_doctor`
         gives back its profile, with any figure changed since (`dataclasses.replace`) changed in it too.
         Taught in notebooks/05_semi_auto_parallel.ipynb."""
-        D = _sibling("doctor")
+        if __package__:
+            from . import doctor as D
+        else:  # copied beside its siblings as plain files
+            import doctor as D
         mine = self._doctor_fields()
         if self.doctor_profile is not None:
             was = Hardware.from_doctor(self.doctor_profile, self.calibration, dtype=self.peak_dtype)._doctor_fields()
@@ -166,7 +160,10 @@ class Hardware:
 
         Taught in notebooks/04_data_parallel.ipynb and 05_semi_auto_parallel.ipynb.
         """
-        C = _sibling("collectives")               # the fit, and the bytes and passes of each collective
+        if __package__:                           # the fit, and the bytes and passes of each collective
+            from . import collectives as C
+        else:  # copied beside its siblings as plain files
+            import collectives as C
         fit = rows_or_fit if isinstance(rows_or_fit, C.AlphaBetaFit) else C.fit_alpha_beta(rows_or_fit, op)
         n = group_size or fit.ranks
         if not n or n < 2:
@@ -247,7 +244,10 @@ class _Profiles(dict):
     def __missing__(self, name: str) -> Hardware:
         if name != "ascend-910b":
             raise KeyError(name)
-        D = _sibling("doctor")
+        if __package__:
+            from . import doctor as D
+        else:  # copied beside its siblings as plain files
+            import doctor as D
         hw = Hardware.from_doctor(D.hardware("atlas-800t-a2"), D.CALIBRATION,
                                   name="Huawei Ascend 910B (Atlas 800T A2, 376T bin: HCCS full mesh + RoCE)")
         self[name] = hw

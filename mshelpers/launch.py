@@ -32,21 +32,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 def _build_dir(*parts: str) -> Any:
     """config.build_dir(*parts) inside the cookbook; copied alone, $MSHELPERS_BUILD or ./build (created)."""
     import os
     from pathlib import Path
     try:
-        return _sibling("config", "build_dir")(*parts)
+        if __package__:
+            from .config import build_dir
+        else:  # copied beside its siblings as plain files
+            from config import build_dir
+        return build_dir(*parts)
     except ImportError:
         p = Path(os.environ.get("MSHELPERS_BUILD") or Path.cwd() / "build").joinpath(*parts)
         p.mkdir(parents=True, exist_ok=True)

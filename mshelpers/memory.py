@@ -67,15 +67,6 @@ from types import SimpleNamespace
 from typing import Any
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 # Bytes per parameter for (parameters, gradients, optimizer states) under Adam.
 ACCOUNTINGS: dict[str, tuple[int, int, int]] = {
     # ZeRO paper: fp16/bf16 params and grads, fp32 master copy + momentum + variance (4+4+4).
@@ -557,8 +548,8 @@ def estimate_from_mindformers_yaml(path: Any, *, budget_bytes: float | None = No
     for the keys the file leaves to pretrained_model_dir. Budget: `budget_bytes`, else context.max_device_memory,
     else the memory of the doctor's `hardware` profile (the CLI's rule).
 
-    Returns the largest stage's breakdown, params, grads, optimizer_states, activations, grad_accum_buffer and
-    total, plus: stage (its index), per_stage_totals, n_params (whole model), devices, layout (e.g.
+    Returns the largest stage's breakdown, params, grads (with the accumulation buffer, which the doctor counts
+    as the gradients' one copy), optimizer_states, activations and total, plus: stage (its index), per_stage_totals, n_params (whole model), devices, layout (e.g.
     "dp8-mp1-pp1"), dp, tp, pp, micro_batch_num, micro_batch, grad_accum_steps, parallel_optimizer, budget,
     fits, headroom, source, and config (the doctor's Config: model and layout as read).
 
@@ -568,7 +559,10 @@ def estimate_from_mindformers_yaml(path: Any, *, budget_bytes: float | None = No
 
     Taught in notebooks/06_recompute_memory.ipynb.
     """
-    D = _sibling("doctor")
+    if __package__:
+        from . import doctor as D
+    else:  # copied beside its siblings as plain files
+        import doctor as D
     cfg = D.read_config(path, budget=budget_bytes, model_config=model_config)
     if cfg.budget_bytes is None:
         cfg = replace(cfg, budget_bytes=int(D.hardware(hardware).memory_bytes))

@@ -20,15 +20,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 # --- what a fresh process saw ---
 @dataclass
 class PeakMemory:
@@ -61,7 +52,10 @@ def _peak_child(fn: Callable, args: tuple, kwargs: dict, preload: tuple[str, ...
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-    rss_mb = _sibling("timing", "_rss_mb")            # MiB from KiB: x 2**20 gives the bytes back exactly
+    if __package__:
+        from .timing import _rss_mb as rss_mb         # MiB from KiB: x 2**20 gives the bytes back exactly
+    else:  # copied beside its siblings as plain files
+        from timing import _rss_mb as rss_mb
     for name in preload:
         importlib.import_module(name)
     baseline = int(rss_mb("VmRSS") * 2**20)
@@ -106,7 +100,10 @@ def measure_peak(fn: Callable, *args: Any, preload: tuple[str, ...] = (), quiet:
                          "fix: define it at the top level of a .py module and import it")
     if isinstance(preload, str):
         preload = (preload,)
-    run_child = _sibling("timing", "_run_child")
+    if __package__:
+        from .timing import _run_child as run_child
+    else:  # copied beside its siblings as plain files
+        from timing import _run_child as run_child
     out = run_child(_peak_child, (fn, args, kwargs, tuple(preload), quiet), {}, timeout=timeout, env=env,
                     who="measure_peak", name=getattr(fn, "__name__", repr(fn)))[0]
     return _as_peak_memory(out)
@@ -193,8 +190,12 @@ def train_for_peak(cfg: Any, steps: int = 5, peak_flops: float | None = None,
 
     Taught in notebooks/06_recompute_memory.ipynb.
     """
-    build_dir = _sibling("config", "build_dir")
-    train = _sibling("train", "train")
+    if __package__:
+        from .config import build_dir
+        from .train import train
+    else:  # copied beside its siblings as plain files
+        from config import build_dir
+        from train import train
     if set_memory:
         import mindspore as ms
         ms.runtime.set_memory(**set_memory)

@@ -28,15 +28,6 @@ from pathlib import Path
 from typing import Any
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 # --- FLOPs and MFU ---
 def flops_per_token(n_params: int, n_layers: int, hidden_size: int, seq_len: int, *,
                     attention: bool = True) -> int:
@@ -102,7 +93,13 @@ def share_of_achievable(tokens_per_s: float, flops_per_token: float, n_devices: 
 
     Taught in notebooks/01_pynative_baseline.ipynb.
     """
-    peak = measured_peak_flops if measured_peak_flops is not None else _sibling("peak", "peak_flops")()
+    peak = measured_peak_flops
+    if peak is None:
+        if __package__:
+            from .peak import peak_flops
+        else:  # copied beside its siblings as plain files
+            from peak import peak_flops
+        peak = peak_flops()
     return float(tokens_per_s) * float(flops_per_token) / (_count("share_of_achievable", "n_devices", n_devices)
                                                            * float(peak))
 
@@ -386,7 +383,10 @@ class MetricsCSV:
         """
         import csv
         import io
-        parse_cell = _sibling("table", "parse_cell")
+        if __package__:
+            from .table import parse_cell
+        else:  # copied beside its siblings as plain files
+            from table import parse_cell
         notes = []
         raw = self.path.read_bytes().decode("utf-8", errors="replace") if self.path.exists() else ""
         lines = raw.split("\n")

@@ -257,7 +257,5 @@ def _cfg_int(cfg: Any, name: str) -> int:
     import numbers
     if isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0:
         return int(v)
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise ValueError(f"cfg.{name}={v!r} is invalid; fix: pass a RunConfig (RunConfig.preset(...)) "
-                         "with a positive integer there")
-    return v
+    raise ValueError(f"cfg.{name}={v!r} is invalid; fix: pass a RunConfig (RunConfig.preset(...)) "
+                     "with a positive integer there")

@@ -18,15 +18,6 @@ from typing import Any
 
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 HALF = {"float16", "bfloat16"}
 
 
@@ -92,7 +83,10 @@ def llama_config(cfg: RunConfig, device: str | None = None, **overrides: Any):
     quiet_mindformers()
     from mindformers.modules.transformer import TransformerOpParallelConfig, TransformerRecomputeConfig
     if device is None:
-        detect = _sibling("device", "detect")
+        if __package__:
+            from .device import detect
+        else:  # copied beside its siblings as plain files
+            from device import detect
         device = detect()
     recompute = TransformerRecomputeConfig(recompute=cfg.recompute == "full",
                                            select_recompute=cfg.recompute == "selective")

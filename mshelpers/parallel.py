@@ -47,17 +47,8 @@ if TYPE_CHECKING:      # annotations only, never imported at run time: the modul
     from .hardware import Hardware
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 # The one cost model the planner prices with is the config doctor (mshelpers/doctor/, copied beside this file as
-# its folder): `_sibling("doctor")` inside the functions that price, so the rest of this module copies alone.
+# its folder): imported inside the functions that price, so the rest of this module copies alone.
 
 
 # ---------------------------------------------------------------- layout rules
@@ -194,7 +185,15 @@ def make_layout(cfg: Any, dp: int | None = None, mp: int | None = None, pp: int 
         micro_batches = 1 if micro_batches is None else micro_batches
         s = seq_len or _cfg_int(cfg, "seq_len")
         validate_layout(cfg, dp, mp, pp, micro_batches, n_devices=dp * mp * pp, global_batch=global_batch)
-        _sibling("pipeline", "_check_schedule")(fn, pp, micro_batches, schedule, virtual_stages, interleaved_order)
+        if __package__:
+            from . import doctor
+            from .mindformers_yaml import mindformers_yaml as write_yaml
+            from .pipeline import _check_schedule
+        else:  # copied beside its siblings as plain files
+            import doctor
+            from mindformers_yaml import mindformers_yaml as write_yaml
+            from pipeline import _check_schedule
+        _check_schedule(fn, pp, micro_batches, schedule, virtual_stages, interleaved_order)
         layers = _cfg_int(cfg, "num_layers")
         if schedule == "interleaved" and (pp == 1 or layers % (pp * virtual_stages)):
             raise ValueError(f"{fn}: interleaved with pp={pp}, virtual_stages={virtual_stages} needs pp > 1 and "
@@ -204,11 +203,10 @@ def make_layout(cfg: Any, dp: int | None = None, mp: int | None = None, pp: int 
             raise ValueError(f"{fn}: zero_stage={zero_stage!r} is not priced; fix: 0, 1 (MindSpore's parallel "
                              "optimizer) or 2 (and gradient_accumulation_shard); a mindformers YAML has no ZeRO-3")
         skeleton = Layout(dp, mp, pp, micro_batches, global_batch // (dp * micro_batches), 0, 0, 0.0)
-        write_yaml = _sibling("mindformers_yaml", "mindformers_yaml")
         spec = write_yaml(cfg, skeleton, seq_len=s, zero_stage=zero_stage, use_flash_attention=flash_attention,
                           sequence_parallel=sequence_parallel,
                           virtual_stages=virtual_stages if schedule == "interleaved" else 1)
-        priced = _sibling("doctor").read_config(spec, budget=memory_budget_bytes)
+        priced = doctor.read_config(spec, budget=memory_budget_bytes)
         return _priced(priced, hardware, schedule, virtual_stages, interleaved_order, memory_budget_bytes is not None)
     _file_keeps_its_settings(fn, zero_stage=zero_stage, sequence_parallel=sequence_parallel,
                              flash_attention=flash_attention, seq_len=seq_len, schedule=schedule,
@@ -335,7 +333,11 @@ def estimate_step_time(cfg: Any, layout: Layout, hardware: Hardware, *, global_b
     if dcfg is None:
         dcfg = make_layout(cfg, layout.dp, layout.mp, layout.pp, layout.micro_batches, global_batch=global_batch,
                            seq_len=seq_len).config
-    if not isinstance(hardware, _sibling("hardware", "Hardware")):
+    if __package__:
+        from .hardware import Hardware
+    else:  # copied beside its siblings as plain files
+        from hardware import Hardware
+    if not isinstance(hardware, Hardware):
         raise ValueError(f"estimate_step_time: hardware={type(hardware).__name__}; fix: pass a hardware.Hardware "
                          "(Hardware.reference('ascend-910b'), Hardware.from_measurement(...))")
     return _step(dcfg, hardware)
@@ -362,11 +364,16 @@ def communication_bytes(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int 
     """
     lay = make_layout(cfg, dp, mp, pp, micro_batches, global_batch=global_batch, seq_len=seq_len,
                       zero_stage=zero_stage, sequence_parallel=sequence_parallel, flash_attention=flash_attention)
-    D, adapt = _sibling("doctor"), _sibling("doctor.adapt")
+    if __package__:
+        from . import collectives as C, doctor as D
+        from .doctor import adapt
+    else:  # copied beside its siblings as plain files
+        import collectives as C
+        import doctor as D
+        from doctor import adapt
     t = adapt.traffic_bytes(lay.config)
     d, model = lay.config.layout, lay.config.model
     grad = sum(D.stage_params(lay.config, t["stage"])) * d.param_bytes
-    C = _sibling("collectives")
     buf = C.tp_allreduce_buffer_bytes(d.batch * d.interleave, model.seq // d.cp, model.hidden, 2)
     out = {k: round(t[k]) for k in ("dp", "tp", "pp", "ep", "cp", "total")}
     out.update(grad_buffer_bytes=round(grad), tp_buffer_bytes=buf,
@@ -380,8 +387,14 @@ def _file_config(fn: str, cfg: Any, budget: Any, model_config: Any, hardware: An
     if not (is_cfg or isinstance(cfg, (str, os.PathLike)) or (isinstance(cfg, dict) and (
             "model" in cfg or "training" in cfg))):
         return None
-    memory = (hardware or _sibling("hardware", "Hardware").reference("ascend-910b")).memory_bytes
-    return _sibling("doctor.adapt").file_config(cfg, budget=budget, model_config=model_config, memory_bytes=memory)
+    if __package__:
+        from .doctor.adapt import file_config
+        from .hardware import Hardware
+    else:  # copied beside its siblings as plain files
+        from doctor.adapt import file_config
+        from hardware import Hardware
+    memory = (hardware or Hardware.reference("ascend-910b")).memory_bytes
+    return file_config(cfg, budget=budget, model_config=model_config, memory_bytes=memory)
 
 
 _PLANNER_DEFAULTS = {"zero_stage": 0, "sequence_parallel": False, "flash_attention": False, "seq_len": None,
@@ -402,12 +415,22 @@ def _vary(fn: str, base: Any, dp: int, mp: int, pp: int, m: int) -> Any:
     for n, v in (("dp", dp), ("mp", mp), ("pp", pp), ("micro_batches", m)):
         _pos(fn, n, v)
     validate_layout(base, dp, mp, pp, m, n_devices=dp * mp * pp, global_batch=lay.global_batch // lay.interleave)
-    return _sibling("doctor.adapt").on_degrees(base, dp, mp, pp, m)
+    if __package__:
+        from .doctor.adapt import on_degrees
+    else:  # copied beside its siblings as plain files
+        from doctor.adapt import on_degrees
+    return on_degrees(base, dp, mp, pp, m)
 
 
 def _priced(dcfg: Any, hardware: Any, schedule: str, v: int, order: str, fits_known: bool) -> Layout:
     """The planner's Layout for a doctor Config: memory and traffic from the doctor, step time on `hardware`."""
-    D, adapt, P = _sibling("doctor"), _sibling("doctor.adapt"), _sibling("pipeline")
+    if __package__:
+        from . import doctor as D, pipeline as P
+        from .doctor import adapt
+    else:  # copied beside its siblings as plain files
+        import doctor as D
+        import pipeline as P
+        from doctor import adapt
     lay = dcfg.layout
     if hardware is not None:        # HCCL's buffers kept free on a device with a pool, as the doctor keeps them
         dcfg = D.with_reserve(dcfg, hardware.to_doctor()[0])
@@ -427,8 +450,8 @@ def _priced(dcfg: Any, hardware: Any, schedule: str, v: int, order: str, fits_kn
                   memory_per_device_bytes=total, comm_bytes_per_step=round(t["total"]),
                   bubble_fraction=P.pipeline_bubble_fraction(lay.pp, lay.n_micro, v if lay.pp > 1 else 1),
                   comm_dp_bytes=round(t["dp"]), comm_tp_bytes=round(t["tp"]), comm_pp_bytes=round(t["pp"]),
-                  model_state_bytes=part["params"] + part["grads"] + part["optimizer_states"]
-                  + part["grad_accum_buffer"], activation_bytes=part["activations"],
+                  model_state_bytes=part["params"] + part["grads"] + part["optimizer_states"],
+                  activation_bytes=part["activations"],
                   fits=(total + mem["reserve_bytes"] <= dcfg.budget_bytes) if fits_known else None,
                   step_time=_step(dcfg, hardware) if hardware is not None else None,
                   schedule=schedule if lay.pp > 1 else "1f1b", virtual_stages=v if lay.pp > 1 else 1,
@@ -438,7 +461,11 @@ def _priced(dcfg: Any, hardware: Any, schedule: str, v: int, order: str, fits_kn
 
 def _step(dcfg: Any, hardware: Hardware) -> dict:
     hw, cal = hardware.to_doctor()
-    st = dict(_sibling("doctor").step_time(dcfg, hw, cal))
+    if __package__:
+        from .doctor import step_time
+    else:  # copied beside its siblings as plain files
+        from doctor import step_time
+    st = dict(step_time(dcfg, hw, cal))
     comm = sum(st.get(k, 0.0) for k in ("tp_s", "ep_s", "cp_s", "p2p_s", "dp_s"))
     st["comm_share"] = comm / st["step_s"] if st["step_s"] else 0.0
     return st
@@ -474,7 +501,5 @@ def _cfg_int(cfg: Any, name: str) -> int:
     import numbers
     if isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0:
         return int(v)
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise ValueError(f"cfg.{name}={v!r} is invalid; fix: pass a RunConfig (RunConfig.preset(...)) "
-                         "with a positive integer there")
-    return v
+    raise ValueError(f"cfg.{name}={v!r} is invalid; fix: pass a RunConfig (RunConfig.preset(...)) "
+                     "with a positive integer there")

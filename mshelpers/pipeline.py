@@ -28,15 +28,6 @@ if TYPE_CHECKING:      # annotations only, never imported at run time: the modul
     from .parallel import Layout
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 # ---------------------------------------------------------------- the bubble
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 INTERLEAVED_ORDERS = ("standard", "memory")
@@ -274,7 +265,11 @@ def stage_activation_bytes(layout: Layout, schedule: str = "1f1b", virtual_stage
                          f"{layout.pp}*{virtual_stages}; fix: choose virtual_stages dividing {layers // layout.pp}")
     if not (isinstance(stage, int) and 0 <= stage < layout.pp):
         raise ValueError(f"{fn}: stage={stage!r} is invalid; fix: use 0 <= stage < pp={layout.pp}")
-    act = _sibling("doctor.adapt").stage_activations(dcfg, stage)
+    if __package__:
+        from .doctor.adapt import stage_activations
+    else:  # copied beside its siblings as plain files
+        from doctor.adapt import stage_activations
+    act = stage_activations(dcfg, stage)
     held = pipeline_in_flight(layout.pp, dcfg.layout.micro if layout.pp > 1 else 1, schedule, virtual_stages,
                               interleaved_order=interleaved_order)[stage]
     per_mb = act["per_micro_batch"]

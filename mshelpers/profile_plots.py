@@ -19,15 +19,6 @@ if TYPE_CHECKING:      # annotations only, never imported at run time: the modul
     from .profiling import ProfileRun
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 # ----------------------------------------------------------------------------- op types
 def plot_op_breakdown(rows: Sequence[dict], *, top: int = 12, ax: Any = None, title: str | None = None):
     """Horizontal bars of total ms per op type (rows from `op_type_table`); the rest is grouped as 'other'.
@@ -59,8 +50,10 @@ def plot_step_timeline(run: "ProfileRun", *, step: int = 0, ax: Any = None, max_
     """One recorded step as a Gantt chart: the data fetch, then each op type on its own row.
 
     Gaps between bars are host time (framework overhead, Python, launches). Taught in notebooks/08_profiling.ipynb."""
-    ProfileRun, load_trace, op_events, COMM_OP_PATTERN = _sibling(      # noqa: N806 - the trace reader's names
-        "profiling", "ProfileRun", "load_trace", "op_events", "COMM_OP_PATTERN")
+    if __package__:
+        from .profiling import COMM_OP_PATTERN, ProfileRun, load_trace, op_events
+    else:  # copied beside its siblings as plain files
+        from profiling import COMM_OP_PATTERN, ProfileRun, load_trace, op_events
     if not isinstance(run, ProfileRun):
         raise ValueError("plot_step_timeline: run must be the ProfileRun returned by profile_steps")
     if not (isinstance(step, int) and 0 <= step < len(run.step_windows_us)):

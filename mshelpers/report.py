@@ -27,15 +27,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 
 class ClaimFailed(AssertionError):
     """A result sentence whose numbers say it is false. Raised by `claim`; it names the numbers."""
@@ -433,8 +424,12 @@ def run_summaries(cfg_yaml: str, seeds: Sequence[int], steps: int, csv_dir: str,
     once, and the process peak is the config's (every seed trains the same shapes).
     Pass one `peak_flops` for all configs so that their MFUs share a denominator.
     """
-    RunConfig = _sibling("config", "RunConfig")
-    train = _sibling("train", "train")
+    if __package__:
+        from .config import RunConfig
+        from .train import train
+    else:  # copied beside its siblings as plain files
+        from config import RunConfig
+        from train import train
     cfg = RunConfig.from_yaml(cfg_yaml)
     return [train(cfg.replace(seed=s), steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{s}.csv",
                   progress=False, peak_flops=peak_flops).summary() for s in seeds]
@@ -450,8 +445,12 @@ def resume_check(cfg: Any, n: int, where: str | os.PathLike) -> dict[str, Any]:
     scale changes before the checkpoint.
     """
     import shutil
-    checkpoint = _sibling("checkpoint")
-    train = _sibling("train", "train")
+    if __package__:
+        from . import checkpoint
+        from .train import train
+    else:  # copied beside its siblings as plain files
+        import checkpoint
+        from train import train
     where = Path(where)
     shutil.rmtree(where, ignore_errors=True)
     cfg = cfg.replace(steps=2 * n)
@@ -514,8 +513,12 @@ def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_fl
     version), so the second seed of a config skips most of its compile. Graph mode with grad_accum = 1 only
     (accumulation's steps are ms.jit functions, unsafe on a warm cache); the resume check compiles uncached.
     """
-    RunConfig = _sibling("config", "RunConfig")
-    train = _sibling("train", "train")
+    if __package__:
+        from .config import RunConfig
+        from .train import compile_cache as cached, train
+    else:  # copied beside its siblings as plain files
+        from config import RunConfig
+        from train import compile_cache as cached, train
     cfg = RunConfig.from_yaml(cfg_yaml).replace(seed=seed)
     csv_dir = str(Path(csv_dir).resolve())       # before a chdir to log_dir
     if log_dir:   # a fresh process only: its output (resume notes, AKG's per-kernel lines) and its cwd go there
@@ -528,7 +531,7 @@ def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_fl
     if context:
         import mindspore as ms
         ms.set_context(**context)
-    with _sibling("train", "compile_cache")(cfg, compile_cache, context):
+    with cached(cfg, compile_cache, context):
         h = train(cfg, steps=steps, csv_path=Path(csv_dir) / f"{cfg.name}-s{seed}.csv", progress=False,
                   peak_flops=peak_flops)
     # steady state: the second half of the steps. MindSpore's CPU runtime runs the first steps after the

@@ -177,7 +177,6 @@ TIGHT_BAND = 0.15   # "within noise" says something only when the noise is narro
 # is called a change in 2.1 % of 3-round runs, 0.8 % of 4-round and 1.1 % of 6-round ones, where 2 standard errors
 # without the direction rule called 6.7 %, 3.9 % and 3.5 %.
 BAND_SE = 2.5
-VERDICTS = ("win", "regression", "within noise", "too noisy")
 
 
 def _median_spread(vals: list[float]) -> tuple[float, float, float]:

@@ -28,15 +28,6 @@ from typing import Any, Callable, Iterable, Iterator
 # `make_train_step` needs train_step.py, and `train()` the siblings, in the package or copied side by side.
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 # --- the schedule, the optimizer, the step ---
 def lr_at(cfg: "RunConfig", step: int) -> float:
     """Learning rate at 1-based `step`: linear warm-up, then cosine decay to 10% of cfg.lr.
@@ -84,7 +75,11 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
                          "model's Parameters and train on garbage from a warm cache (MindSpore 2.9); fix: unset "
                          "MS_COMPILER_CACHE_ENABLE for this run, or use grad_accum=1")
     scaler = loss_scaler or make_loss_scaler(cfg)
-    inner = _sibling("train_step", "build_step")(
+    if __package__:
+        from .train_step import build_step
+    else:  # copied beside its siblings as plain files
+        from train_step import build_step
+    inner = build_step(
         net, optimizer, mode=cfg.mode, scaler=scaler, dynamic=cfg.dynamic_loss_scale, clip=cfg.grad_clip,
         accum=cfg.grad_accum)
 
@@ -133,7 +128,10 @@ class History:
         """metrics.summarize over the rows: step time, tokens/s and MFU are medians over the steps after the first
         `skip_first` (1: the compile step). A short timed run passes half its steps: MindSpore's CPU runtime runs
         the first steps after a compile slower, so a median that includes them lands on that edge."""
-        summarize = _sibling("metrics", "summarize")
+        if __package__:
+            from .metrics import summarize
+        else:  # copied beside its siblings as plain files
+            from metrics import summarize
         s = summarize(self.rows, skip_first=skip_first)
         s.update(rollbacks=len(self.rollbacks), skipped_data_pos=[e["skipped_data_pos"] for e in self.rollbacks])
         s.update(run=self.cfg.name, mode=self.cfg.mode, loss_floor=self.floor,
@@ -253,15 +251,20 @@ def train(cfg: "RunConfig", steps: int | None = None, callbacks: Iterable[Callab
     Taught in notebooks/01_pynative_baseline.ipynb (and used by every training notebook after it).
     """
     cfg, steps = _checked(cfg, steps, ckpt_dir, ckpt_every, keep, resume)
-    ckpts = _sibling("checkpoint", "CheckpointManager")(ckpt_dir, every=ckpt_every, keep=keep, run=run)
+    if __package__:
+        from .checkpoint import CheckpointManager
+        from .stability import SpikeGuard
+    else:  # copied beside its siblings as plain files
+        from checkpoint import CheckpointManager
+        from stability import SpikeGuard
+    ckpts = CheckpointManager(ckpt_dir, every=ckpt_every, keep=keep, run=run)
     if resume and ckpts.check_resume(steps):   # refused (all corrupt, too few steps) before anything is built
         return History(cfg)                    # or already complete: nothing to do, nothing touched
     from tqdm.std import tqdm   # a text bar: renders in nbconvert and JupyterLab, no widget left frozen at 0 %
 
     # set up: the model, its step, the spike guard, the log; then the checkpoint (resume) or a fresh start
     net, optimizer, step_fn = _build(cfg, net)
-    guard = (_sibling("stability", "SpikeGuard")(cfg, net, optimizer, step_fn.loss_scaler)
-             if cfg.spike_guard else None)
+    guard = SpikeGuard(cfg, net, optimizer, step_fn.loss_scaler) if cfg.spike_guard else None
     ckpts.attach(net, optimizer, step_fn.loss_scaler, guard)
     hist, logger, metrics_csv = _history(cfg, net, csv_path, peak_flops, guard)
     start, data_pos, kept_rows = ckpts.begin(resume, steps, metrics_csv, on_ready)
@@ -325,15 +328,25 @@ def _checked(cfg, steps, ckpt_dir, ckpt_every, keep, resume) -> tuple:
     if steps > cfg.steps:
         cfg = cfg.replace(steps=steps)    # the lr schedule must cover every step
     cfg.validate()                          # before any MindSpore work
-    _sibling("data", "check_fits")(cfg)
+    if __package__:
+        from .data import check_fits
+    else:  # copied beside its siblings as plain files
+        from data import check_fits
+    check_fits(cfg)
     return cfg, steps
 
 
 def _build(cfg, net=None) -> tuple:
     """The device set up (mode and seed), the model (unless given), AdamW and the step, in this order: the
     seed's draws are part of exact resume."""
-    device = _sibling("device", "setup")(mode=cfg.mode, seed=cfg.seed)
-    net = net if net is not None else _sibling("model", "build_model")(cfg, device)
+    if __package__:
+        from .device import setup
+        from .model import build_model
+    else:  # copied beside its siblings as plain files
+        from device import setup
+        from model import build_model
+    device = setup(mode=cfg.mode, seed=cfg.seed)
+    net = net if net is not None else build_model(cfg, device)
     optimizer = make_optimizer(net, cfg)
     return net, optimizer, make_train_step(net, optimizer, cfg)
 
@@ -341,15 +354,23 @@ def _build(cfg, net=None) -> tuple:
 def _history(cfg, net, csv_path, peak_flops, guard=None) -> tuple:
     """(History, StepLogger, MetricsCSV) of a run: FLOPs per token, the MFU denominator, the loss floor, the CSV,
     the spike guard's rollbacks."""
-    COLUMNS, StepLogger, MetricsCSV, flops_per_token = _sibling(
-        "metrics", "COLUMNS", "StepLogger", "MetricsCSV", "flops_per_token")
-    entropy_floor = _sibling("data", "entropy_floor")
-    n_params = _sibling("model", "count_params")(net)
+    if __package__:
+        from .config import build_dir
+        from .data import entropy_floor
+        from .metrics import COLUMNS, MetricsCSV, StepLogger, flops_per_token
+        from .model import count_params
+        from .peak import hardware_peak_flops
+    else:  # copied beside its siblings as plain files
+        from config import build_dir
+        from data import entropy_floor
+        from metrics import COLUMNS, MetricsCSV, StepLogger, flops_per_token
+        from model import count_params
+        from peak import hardware_peak_flops
+    n_params = count_params(net)
     fpt = flops_per_token(n_params, cfg.num_layers, cfg.hidden_size, cfg.seq_len)
-    peak = peak_flops or _sibling("peak", "hardware_peak_flops")()   # PaLM MFU: the hardware peak
+    peak = peak_flops or hardware_peak_flops()   # PaLM MFU: the hardware peak
     floor = entropy_floor(cfg.vocab_size) if cfg.data == "markov" else None
-    csv_path = Path(csv_path) if csv_path else \
-        _sibling("config", "build_dir")("runs") / f"{cfg.name}-{cfg.mode}-s{cfg.seed}.csv"
+    csv_path = Path(csv_path) if csv_path else build_dir("runs") / f"{cfg.name}-{cfg.mode}-s{cfg.seed}.csv"
     logger = StepLogger(None, cfg.tokens_per_step, fpt, peak, n_devices=cfg.dp)
     hist = History(cfg, logger.rows, n_params, fpt, peak, floor, csv_path, guard.events if guard else [])
     return hist, logger, MetricsCSV(csv_path, COLUMNS)
@@ -357,7 +378,11 @@ def _history(cfg, net, csv_path, peak_flops, guard=None) -> tuple:
 
 def _batches(cfg, data_pos: int):
     """The run's batches (grad_accum micro-batches each), from data position `data_pos`: part of exact resume."""
-    batches = _sibling("data", "numpy_batches")(cfg.replace(batch_size=cfg.batch_size * cfg.grad_accum))
+    if __package__:
+        from .data import numpy_batches
+    else:  # copied beside its siblings as plain files
+        from data import numpy_batches
+    batches = numpy_batches(cfg.replace(batch_size=cfg.batch_size * cfg.grad_accum))
     for _ in range(data_pos):
         next(batches)
     return batches
@@ -409,4 +434,8 @@ class _Health:
 
 
 if __name__ == "__main__":      # python -m mshelpers.train: the CLI (train_cli.py)
-    raise SystemExit(_sibling("train_cli", "main")())
+    if __package__:
+        from .train_cli import main
+    else:  # copied beside its siblings as plain files
+        from train_cli import main
+    raise SystemExit(main())

@@ -15,15 +15,6 @@ from pathlib import Path
 from typing import Any
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 # --- signals: SIGTERM and SIGINT stop the run after a step ---
 class StopSignal:
     """SIGTERM and SIGINT for the training CLI, taken from MindSpore.
@@ -76,8 +67,12 @@ def main(argv: list[str] | None = None, cli_process: bool | None = None) -> int:
     Taught in notebooks/12_your_config.ipynb; README's Reliability section lists what each failure prints.
     """
     import argparse
-    MAX_STEPS = _sibling("train", "MAX_STEPS")
-    Preempted = _sibling("checkpoint", "Preempted")
+    if __package__:
+        from .checkpoint import Preempted
+        from .train import MAX_STEPS
+    else:  # copied beside its siblings as plain files
+        from checkpoint import Preempted
+        from train import MAX_STEPS
 
     class Parser(argparse.ArgumentParser):
         def error(self, message):          # one line, not usage + message
@@ -154,11 +149,17 @@ def _run(a, stop: StopSignal | None = None) -> int:
     import json
     import uuid
 
-    checkpoint = _sibling("checkpoint")
+    if __package__:
+        from . import checkpoint
+        from .config import RunConfig
+        from .data import check_fits, data_id
+        from .train import check_steps, compile_cache, train
+    else:  # copied beside its siblings as plain files
+        import checkpoint
+        from config import RunConfig
+        from data import check_fits, data_id
+        from train import check_steps, compile_cache, train
     run_lock = checkpoint.run_lock
-    check_steps, compile_cache, train = _sibling("train", "check_steps", "compile_cache", "train")
-    RunConfig = _sibling("config", "RunConfig")
-    check_fits, data_id = _sibling("data", "check_fits", "data_id")
     check_steps(a.steps, "--steps")
     if (a.ckpt_every is not None and a.ckpt_every < 0) or a.keep < 1:
         raise ValueError(f"--ckpt-every {a.ckpt_every} / --keep {a.keep} invalid; fix: ckpt-every >= 0, keep >= 1")
@@ -281,7 +282,10 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
     """--set key=value pairs, each value converted to the RunConfig field's type."""
     import dataclasses
 
-    RunConfig = _sibling("config", "RunConfig")
+    if __package__:
+        from .config import RunConfig
+    else:  # copied beside its siblings as plain files
+        from config import RunConfig
     types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
     out: dict[str, Any] = {}
     for item in items:

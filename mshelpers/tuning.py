@@ -44,15 +44,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it:
-    mshelpers.<module> inside the package, plain <module> when the files were copied side by side."""
-    import importlib
-    mod = importlib.import_module(f"{__package__}.{module}" if __package__ else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 AOE_JOB_TYPES = {1: "subgraph tuning", 2: "operator tuning"}
 # --framework values of the aoe CLI, by model suffix (CANN AOE manual, "--framework").
 _AOE_FRAMEWORK = {".air": 1, ".pb": 3, ".onnx": 5}
@@ -192,7 +183,10 @@ def enable_online_tuning(job_type: int | str = 2) -> str:
     import mindspore as ms
     target = ms.get_context("device_target")
     if target != "Ascend":
-        DeviceUnavailable = _sibling("device", "DeviceUnavailable")
+        if __package__:
+            from .device import DeviceUnavailable
+        else:  # copied beside its siblings as plain files
+            from device import DeviceUnavailable
         raise DeviceUnavailable(f"online AOE tuning needs Ascend; this process runs on {target}. "
                                 f"On Ascend it would run:\n{online_tuning_code(jt)}")
     api = online_tuning_api()
@@ -372,10 +366,16 @@ class TrainStepTimer:
         if key not in self._built:
             import mindspore as ms
 
-            numpy_batches = _sibling("data", "numpy_batches")
-            setup = _sibling("device", "setup")
-            build_model = _sibling("model", "build_model")
-            make_optimizer, make_train_step = _sibling("train", "make_optimizer", "make_train_step")
+            if __package__:
+                from .data import numpy_batches
+                from .device import setup
+                from .model import build_model
+                from .train import make_optimizer, make_train_step
+            else:  # copied beside its siblings as plain files
+                from data import numpy_batches
+                from device import setup
+                from model import build_model
+                from train import make_optimizer, make_train_step
             cfg = self.config_for(candidate)
             setup(mode=cfg.mode, seed=cfg.seed)
             net = build_model(cfg)
@@ -412,9 +412,14 @@ def isolated_step_times(overrides: dict, *, preset: str = "mini", mode: str = "g
     """
     if cpu_threads is not None:
         set_cpu_op_threads(cpu_threads)
-    RunConfig = _sibling("config", "RunConfig")
+    if __package__:
+        from .config import RunConfig
+        from .train import compile_cache as cached
+    else:  # copied beside its siblings as plain files
+        from config import RunConfig
+        from train import compile_cache as cached
     timer = TrainStepTimer(RunConfig.preset(preset).replace(mode=mode, **overrides), steps=steps)
-    with _sibling("train", "compile_cache")(timer.config_for({}), compile_cache):
+    with cached(timer.config_for({}), compile_cache):
         return [timer({}) for _ in range(repeats)]
 
 

@@ -13,6 +13,7 @@ either exercised here or declared.
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import re
@@ -144,7 +145,7 @@ CALLS: dict[str, str] = {
         import numpy as np
         import yaml
         c = m.read_config(yaml.safe_load(MF_YAML))
-        assert c.devices == 8 and c.budget_bytes == 58 * 2**30 and m.param_count(c) > 6e9
+        assert c.layout.devices == 8 and c.budget_bytes == 58 * 2**30 and m.param_count(c) > 6e9
         st = m.step_time(c, m.hardware("atlas-800t-a2"))
         assert st["step_s"] > 0 and 0 < st["mfu_6n"] < 1 and c.model.ffn == 11008 and c.dialect == "r1.x"
         assert m.parse_size("58GB") == 58 * 2**30 and m.dialect_of({"training": {}}) == "pynative"
@@ -155,10 +156,10 @@ CALLS: dict[str, str] = {
                             where="m", dialect="r1.x").ffn == 256
         assert sum(m.layer_ops(c.model, 0).values()) > 0 and m.stage_params(c, 0)[0] > 6e9
         assert m.load_yaml({"a": 1}) == {"a": 1} and isinstance(m.Layout(), m.Layout) and m.TERMS
-        assert m.with_layout(c, batch_size=2).batch == 2 and m.fixture_dir()
+        assert m.with_layout(c, batch_size=2).layout.batch == 2 and m.fixture_dir()
         assert m.family_summary([{"role": "check", "family": "x", "error": 0.1, "fits": True}])[0]["n"] == 1
         assert m.ranking_groups([]) == [] and m.release_of({"config": "r1.3.0_x.yaml"}) == (1, 3, 0)
-        assert m.layout_variant(c, batch_size=2).batch == 2 and m.edited_yaml(c, batch_size=2) != c.raw
+        assert m.layout_variant(c, batch_size=2).layout.batch == 2 and m.edited_yaml(c, batch_size=2) != c.raw
         assert m.rank_groups(c.layout, "r1.x")["DP"] == list(range(8)) and m.group_span([0, 8], 8)["nodes"] == 2
         assert m.rank_map(c.layout, "r1.x", 8)[7]["dp"] == 7 and "check_rules.py" in m.as_shipped_limit(c)
         assert m.off_families([{"role": "check", "family": "x", "moe": True, "error": 0.6, "fits": True}]) == {("x", True)}
@@ -442,7 +443,8 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("doctor", "cpu_hardware"): (("peak",), """
         hw = m.cpu_hardware(2, alpha_beta=(1e-3, 1e8), peak=2e11)
         assert hw.peak("float32") == 1e11 and hw.dp_overlap == 0"""),
-    ("doctor", "measure_cpu_steps"): (_TRAIN_CHAIN, ""),
+    # the DP worker's step (workers/dp_train.py, whose scripts import mshelpers: run it from the cookbook)
+    ("doctor", "measure_cpu_steps"): (_TRAIN_CHAIN + ("workers",), ""),
     ("doctor", "better_layouts"): (("memory",), ""),
     ("doctor", "layout_answers"): (("memory",), """
         d = {"model": {"model_config": {"hidden_size": 1024, "num_layers": 8, "num_heads": 16, "vocab_size": 32000,
@@ -478,17 +480,20 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("parallel", "communication_bytes"): (_PLANNER,
                                           "assert m.communication_bytes(Cfg(), 2, 1, 1, global_batch=8)['dp'] > 0"),
     ("parallel", "estimate_step_time"): (_PLANNER, """
-        hw = m._sibling("hardware").Hardware.reference("ascend-910b")
+        import hardware
+        hw = hardware.Hardware.reference("ascend-910b")
         lay = m.make_layout(Cfg(), 2, 1, 1, global_batch=8)
         assert m.estimate_step_time(Cfg(), lay, hw)['step_s'] > 0"""),
     ("parallel", "make_layout"): (_PLANNER, "assert m.make_layout(Cfg(), 2, 1, 1, global_batch=8).n_devices == 2"),
     ("parallel", "plan_parallel_layout"): (_PLANNER,
                                            "assert m.plan_parallel_layout(Cfg(), 2, global_batch=8)[0].n_devices == 2"),
     ("pipeline", "stage_activation_bytes"): (_PLANNER + ("parallel",), """
-        lay = m._sibling("parallel").make_layout(Cfg(), 1, 1, 2, 4, global_batch=8)
+        import parallel
+        lay = parallel.make_layout(Cfg(), 1, 1, 2, 4, global_batch=8)
         assert m.stage_activation_bytes(lay)["bytes"] > 0"""),
     ("collectives", "collective_time"): (("doctor", "hardware"), """
-        assert m.collective_time("all_reduce", 1e6, 8, m._sibling("hardware").Hardware.reference("a100-sxm")) > 0"""),
+        import hardware
+        assert m.collective_time("all_reduce", 1e6, 8, hardware.Hardware.reference("a100-sxm")) > 0"""),
     ("collectives", "measure_collectives"): (("launch", "workers"), ""),
     ("hardware", "Hardware"): (("doctor", "collectives"), """
         assert m.Hardware.reference("ascend-910b").to_doctor()[0].devices_per_node == 8
@@ -502,7 +507,8 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
         (d / "trace_view.json").write_text(json.dumps([{"ph": "M", "name": "process_name", "pid": 1,
                                                         "args": {"name": "CPU OP"}},
                                                        {"ph": "X", "name": "MatMul", "ts": 1.0, "dur": 2.0, "pid": 1}]))
-        run = m._sibling("profiling").ProfileRun(d.parent, [1e-5], [0.0], [0], step_windows_us=[(0.0, 10.0)],
+        import profiling
+        run = profiling.ProfileRun(d.parent, [1e-5], [0.0], [0], step_windows_us=[(0.0, 10.0)],
                                                  data_windows_us=[(0.0, 0.0)])
         assert m.plot_step_timeline(run).get_yticklabels()[0].get_text() == "MatMul"
         assert "mindspore" not in sys.modules"""),
@@ -527,7 +533,7 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("metrics", "share_of_achievable"): (("peak",), """
         import json, os
         os.environ["MSHELPERS_PEAK_CACHE"] = "peak.json"
-        P = m._sibling("peak")
+        import peak as P
         info = P.cpu_info()
         json.dump({P._peak_key("float32")[2]: {
             "flops": 1e11, "cpu_model": info["cpu_model"], "threads": info["threads"], "load_1min_before": 0.1,
@@ -594,10 +600,15 @@ def _public(module: str) -> list[str]:
 
 
 def _siblings_named(module: str, name: str) -> set[str]:
+    """The sibling modules `name`'s source imports: `from .x import ...` / `from . import x` in a module, and
+    `from ..x import ...` / `from .. import x` in the doctor's rooms (its own rooms travel with its folder)."""
     mod = importlib.import_module(f"mshelpers.{module}")
-    src = inspect.getsource(getattr(mod, name))
-    return set(re.findall(r'_sibling\("(\w+)"', src)) | set(re.findall(r"from \.(\w+) import", src)) \
-        | set(re.findall(r"from \. import (\w+)", src))
+    up = 2 if hasattr(mod, "__path__") else 1
+    named: set[str] = set()
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(getattr(mod, name))))):
+        if isinstance(node, ast.ImportFrom) and node.level == up:
+            named |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+    return named
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -638,7 +649,7 @@ def test_pipeline_functions_work_with_exactly_their_siblings(key, tmp_path):
     body = _PRELUDE + _USER_CFG + f"""
 m = importlib.import_module({module!r})
 for s in {tuple(s for s in siblings)!r}:
-    got = m._sibling(s) if hasattr(m, "_sibling") else importlib.import_module(s)
+    got = importlib.import_module(s)
     assert got.__file__.startswith({str(tmp_path)!r}), got.__file__
 assert callable(getattr(m, {func!r}))
 """ + textwrap.dedent(call) + "\nprint('COPY-ALONE-OK')\n"

@@ -257,8 +257,9 @@ def test_planner_memory_is_the_doctors_for_the_yaml_it_emits():
     mem = D.memory_per_stage(D.read_config(spec))
     assert lay.memory_per_device_bytes == mem["memory_per_device_bytes"] and lay.fits is None   # no budget asked
     part = mem["breakdown"]
-    assert lay.model_state_bytes == part["params"] + part["grads"] + part["optimizer_states"] + part[
-        "grad_accum_buffer"] and lay.activation_bytes == part["activations"]
+    assert lay.model_state_bytes == part["params"] + part["grads"] + part["optimizer_states"]
+    assert lay.activation_bytes == part["activations"] and set(part) == {"params", "grads", "optimizer_states",
+                                                                         "activations"}
     assert lay.memory_per_device_bytes == lay.model_state_bytes + lay.activation_bytes
 
 
@@ -651,7 +652,7 @@ def _doctors_layout(cfg, schedule, v, order="standard"):
                 memory_per_device_bytes=mem["memory_per_device_bytes"], comm_bytes_per_step=round(t["total"]),
                 bubble_fraction=pipeline_bubble_fraction(lay.pp, lay.n_micro, v if lay.pp > 1 else 1),
                 comm_dp_bytes=round(t["dp"]), comm_tp_bytes=round(t["tp"]), comm_pp_bytes=round(t["pp"]),
-                model_state_bytes=p["params"] + p["grads"] + p["optimizer_states"] + p["grad_accum_buffer"],
+                model_state_bytes=p["params"] + p["grads"] + p["optimizer_states"],
                 activation_bytes=p["activations"], fits=mem["fits"],
                 schedule=schedule if lay.pp > 1 else "1f1b", virtual_stages=v if lay.pp > 1 else 1,
                 interleaved_order=order, cp=lay.cp, ep=lay.ep, comm_ep_bytes=round(t["ep"]),
@@ -691,7 +692,7 @@ def test_a_schedule_that_holds_more_micro_batches_adds_their_activations(schedul
     part = D.memory_per_stage(cfg)["per_stage_breakdown"][s]          # the stage that now holds the most
     want.update(memory_per_device_bytes=totals[s], fits=totals[s] <= cfg.budget_bytes,
                 activation_bytes=part["activations"] + extra[s],
-                model_state_bytes=part["params"] + part["grads"] + part["optimizer_states"] + part["grad_accum_buffer"])
+                model_state_bytes=part["params"] + part["grads"] + part["optimizer_states"])
     assert {k: getattr(lay, k) for k in want} == want
     if schedule == "gpipe":                     # GPipe holds every micro-batch of the step at once
         assert extra[0] > 0

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import os
 
-from .calibration import (CALIBRATION, FIT_POINTS, GUIDE_SOURCE, OFF_FAMILIES, Calibration, calibration_summary,
+from .calibration import (CALIBRATION, GUIDE_SOURCE, OFF_FAMILIES, Calibration, calibration_summary,
                           calibration_table, family_of, family_summary, fit_calibration, fixture_dir,
                           guide_13b_ranking, guide_13b_steps, kendall_tau, leave_one_family_out, lofo_summary,
                           moe_placement, off_families, ranking_groups, release_of, stand_in_points)
@@ -52,7 +52,7 @@ from .cost import (TERMS, flops_per_token, layer_ops, memory_per_stage, memory_r
                    pattern_ops, stage_params, step_time, with_reserve)
 from .cpu_check import (CPU_ALLREDUCE_SIZES, CPU_CHECK_SET, CPU_FIT_SET, cpu_check, cpu_hardware,
                         fit_cpu_calibration, measure_cpu_steps, mini_config, predict_cpu)
-from .describe import EXPECTED_ERROR, Config, DoctorError, Layout, Model, MoE
+from .describe import EXPECTED_ERROR, FIT_FILES, Config, DoctorError, Layout, Model, MoE
 from .heldout import heldout_runs, price as heldout_price, summarise as heldout_summary
 from .hardware import HARDWARE, HARDWARE_NAMES, DoctorHardware, hardware
 from .published import PUBLISHED
@@ -63,5 +63,4 @@ from .search import as_shipped_limit, better_layouts, changed_keys, layout_answe
 from .topology import groups as rank_groups, rank_map, span as group_span
 from .variants import edited_yaml, layout_variant
 
-_with = with_layout                 # the name the single-file doctor had
 CPU_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_worker.py")   # msrun's script

@@ -2,8 +2,8 @@
 activations one micro-batch leaves on a stage. Both are read off the doctor's own model, never recounted:
 
   traffic_bytes(cfg)          bytes one device of the busiest stage sends per optimizer step, per group (TP, EP,
-                              CP, PP point-to-point, DP): `cost.step_time` on links of 1 byte/s with no latency,
-                              all in one node, and comm_time_factor 1, so each time term is its byte count
+                              CP, PP point-to-point, DP): the collectives `cost.step_time` prices
+                              (`cost.stage_collectives`, `cost.gradient_collectives`), their bytes counted
   stage_activations(cfg, i)   one micro-batch's stored activations on stage i, the recompute working set, the
                               logits, and the in-flight micro-batches `cost.memory_per_stage` multiplies by
 
@@ -18,17 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import cost
-from .describe import Calibration, Config
-from .hardware import DoctorHardware
-
-# A link of 1 byte/s, no latency, every rank in one node: a collective's time is then the bytes each device sends
-# (peak and HBM so large that compute and the optimizer round to 0 and the busiest stage is the one that sends most)
-_UNIT = DoctorHardware(name="1 byte/s links (traffic count)", peak_flops={"float16": 1e300, "bfloat16": 1e300,
-                       "float32": 1e300}, hbm_bytes_per_s=1e300, intra_link_bytes_per_s=1.0, links_per_device=1,
-                       inter_bytes_per_s=1.0, devices_per_node=1 << 40, intra_latency_s=0.0, inter_latency_s=0.0,
-                       memory_bytes=1.0, dp_overlap=0.0)
-_NO_FACTOR = Calibration(compute_efficiency=1.0, comm_time_factor=1.0)
+from . import cost, topology
+from .describe import Config
 
 
 def traffic_bytes(cfg: Config) -> dict[str, float]:
@@ -36,10 +27,23 @@ def traffic_bytes(cfg: Config) -> dict[str, float]:
     reduction, hidden part included), total, and stage (the stage counted: the first that sends the most). A ring
     collective over n ranks counts (n - 1)/n of its buffer per pass, as the doctor prices it (an all-reduce is a
     reduce-scatter and an all-gather: 2 passes); activations travel at 16 bits, as the doctor sends them."""
-    st = cost.step_time(cfg, _UNIT, _NO_FACTOR)
-    out = {"tp": st["tp_s"], "ep": st["ep_s"], "cp": st["cp_s"], "pp": st["p2p_s"], "dp": st["dp_total_s"]}
+    lay = cfg.layout
+    size = {k: len(ranks) for k, ranks in topology.groups(lay, cfg.dialect).items()}
+
+    def sent(group: str, count: float, nbytes: float, kind: str) -> float:
+        n = size[group]
+        if kind == "all_gather":          # each rank's share forwarded to the n - 1 others
+            return count * (n - 1) * nbytes
+        return count * (nbytes if kind == "p2p" else (n - 1) / n * nbytes)
+
+    per_stage = [{g: sent(g, *c) for g, c in cost.stage_collectives(cfg, i).items()} for i in range(lay.pp)]
+    b = max(range(lay.pp), key=lambda i: sum(per_stage[i].values()))
+    out = {k: lay.n_micro * per_stage[b].get(g, 0.0) for k, g in (("tp", "TP"), ("ep", "EP"), ("cp", "CP"),
+                                                                     ("pp", "PP"))}
+    grads = cost.gradient_collectives(cfg, b)       # the same passes over the dense and the expert bytes
+    out["dp"] = grads["DP"][0] * sum(sent(g, 1, nbytes, kind) for g, (_, nbytes, kind) in grads.items())
     out["total"] = sum(out.values())
-    out["stage"] = st["bottleneck_stage"]
+    out["stage"] = b
     return out
 
 

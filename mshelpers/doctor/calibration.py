@@ -21,9 +21,6 @@ from .published import PUBLISHED
 from .readers import read_config, with_layout
 
 
-FIT_POINTS = FIT_FILES
-
-
 # Targets on the check rows (no fit row, no excluded row): dense families median |error| <= 15 % and largest
 # <= 35 %, MoE rows within 50 %. The families that miss them, each with what the data say about why.
 TARGET_DENSE_MEDIAN, TARGET_DENSE_MAX, TARGET_MOE = 0.15, 0.35, 0.50

@@ -28,7 +28,7 @@ import re
 from typing import Any
 
 from . import topology
-from .describe import CALIBRATION, Config, DoctorError, Model, _sibling
+from .describe import CALIBRATION, Config, DoctorError, Model
 
 
 # ---------------------------------------------------------------- FLOPs and parameters
@@ -294,7 +294,6 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
         imbalance = routing_imbalance(m, lay, tokens_micro)
     work_attn = attention_work(m)
     f_comm = calib.comm_time_factor
-    act_bytes = tokens_micro * m.hidden * 2
     spans = {k: topology.span(v, hw.devices_per_node) for k, v in topology.groups(lay, cfg.dialect).items()}
     tp_bw, tp_lat = topology.ring_link(hw, spans["TP"])
     cp_bw, cp_lat = topology.ring_link(hw, spans["CP"])
@@ -340,61 +339,49 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
             # 4 more for each layer whose attention is recomputed
             scores = lay.batch * lay.interleave * (m.heads / lay.tp) * (m.seq / lay.cp) * m.seq * 2
             a = scores * (SCORE_PASSES * n + 4 * attn_layers_recomputed) / hw.hbm_bytes_per_s
-        t = 0.0
-        if lay.tp > 1:
-            n_coll = 8 * n + 4 * n_full + (2 if i == 0 and not lay.vocab_emb_dp else 0)
-            t = n_coll * ((lay.tp - 1) / lay.tp * act_bytes / tp_bw * f_comm + tp_lat)
-        e = 0.0
-        moe_layers = [j for j in ids[i] if m.moe is not None and m.moe.is_moe_layer(j)]
-        if moe_layers and spans["EP"]["size"] > 1:
-            # under sequence parallel, r1.5.0+ MoEV2 routes each tp rank's own sequence shard (r1.5.0
-            # modules/transformer/moe.py l.696 router over dp x mp, l.755 _ffn_forward_sq); r1.2.0-r1.3.x MoEV2
-            # reshapes to (data_parallel, -1, h) and gathers over dp only (r1.3.0 moe.py l.647, l.751,
-            # TopkRouterV2.dispatch_gather l.1152 shard ((dp, 1, 1), (dp, 1, 1))): every tp rank sends the whole slice
-            local = tokens_micro / (lay.tp if lay.seq_parallel and m.moe.sp_dispatch else 1)
-            buffer = local * m.moe.slots() * m.hidden * 2                   # every slot is sent, filled or not
-            n_a2a = 4 * len(moe_layers) + 2 * sum(1 for j in moe_layers if j - ids[i][0] < n_full)
-            if m.moe.dispatcher == "allgather":
-                # every rank gathers the EP group's tokens (each sends its local tokens once) and reduce-scatters
-                # the outputs back: ring passes over the group (Megatron-core MoEAllGatherTokenDispatcher)
-                size = spans["EP"]["size"]
-                ag_bw = topology.ring_link(hw, spans["EP"])[0]
-                one_pass = (size - 1) * local * m.hidden * 2 / ag_bw
+        # each group's collectives (stage_collectives: how many, how many bytes) on the links the group crosses
+        coll = stage_collectives(cfg, i)
+        t = e = x = p = 0.0
+        if "TP" in coll:
+            k, nbytes, _ = coll["TP"]
+            t = k * ((lay.tp - 1) / lay.tp * nbytes / tp_bw * f_comm + tp_lat)
+        if "EP" in coll and spans["EP"]["size"] > 1:
+            k, nbytes, kind = coll["EP"]
+            if kind == "all_gather":
+                # every rank gathers the EP group's tokens and reduce-scatters the outputs back: a ring pass over
+                # the group forwards n - 1 of the ranks' shares (Megatron-core MoEAllGatherTokenDispatcher)
+                one = (spans["EP"]["size"] - 1) * nbytes / topology.ring_link(hw, spans["EP"])[0]
             else:
-                one_pass = topology.all_to_all_time(hw, spans["EP"], buffer)
-            e = n_a2a * (one_pass * imbalance * f_comm + ep_lat)
+                one = topology.all_to_all_time(hw, spans["EP"], nbytes)
+            e = k * (one * imbalance * f_comm + ep_lat)          # the busiest EP rank binds
+        moe_layers = [j for j in ids[i] if m.moe is not None and m.moe.is_moe_layer(j)]
         if moe_layers:
             local = tokens_micro / (lay.tp if lay.seq_parallel and m.moe.sp_dispatch else 1)
             n_perm = 3 * len(moe_layers) + sum(1 for j in moe_layers if j - ids[i][0] < n_full)
             perms.append(n_perm * permute_bytes(m, local) / hw.hbm_bytes_per_s)
         else:
             perms.append(0.0)
-        x = 0.0
-        if lay.cp > 1:
-            if lay.cp_kind == "ulysses":
-                one = topology.all_to_all_time(hw, spans["CP"], act_bytes) * f_comm + cp_lat
-                x = (8 * n + 4 * n_full) * one
+        if "CP" in coll:
+            k, nbytes, kind = coll["CP"]
+            if kind == "all_to_all":
+                x = k * (topology.all_to_all_time(hw, spans["CP"], nbytes) * f_comm + cp_lat)
             else:
-                kv = tokens_micro * (m.kv_heads * m.head_dim if m.attention != "mla" else m.kv_lora_rank + m.qk_rope_dim)
-                one = 2 * kv * 2 / cp_bw * f_comm + cp_lat                # K and V of the local chunk, 16-bit
                 # each of the cp - 1 ring steps sends the next K/V block while computing attention on the one it
                 # holds (Liu, Zaharia and Abbeel 2023, Ring Attention, section 3): only the part of the send
                 # that outlasts one block's attention is exposed (the backward: both twice)
                 block = comp_attn[-1] / max(3 * n + attn_layers_recomputed, 1) / lay.cp
-                x = (lay.cp - 1) * max(0.0, one - block) * (3 * n + n_full)
-        p = 0.0
-        if lay.pp > 1:
-            # per micro-batch and chunk, the stage sends its activations on to the next stage and its input
-            # gradients back to the one before (interleaved: the last stage's next is stage 0), each on the link
-            # that hop crosses: stages that share a node talk over its mesh, a hop between nodes over the NIC
-            sent = act_bytes / (lay.tp if lay.seq_parallel else 1)
+                x = k * max(0.0, nbytes / cp_bw * f_comm + cp_lat - block)
+        if "PP" in coll:
+            # each hop on the link it crosses: stages that share a node talk over its mesh, a hop between nodes
+            # over the NIC (interleaved: the last stage's next is stage 0)
+            k, nbytes, _ = coll["PP"]
             nxt, prev = (i + 1) % lay.pp, (i - 1) % lay.pp
             if lay.vpp == 1:                    # no wrap-around: the end stages have one neighbour, both ways
                 nxt, prev = (prev if i == lay.pp - 1 else nxt), (nxt if i == 0 else prev)
             for j in (nxt, prev):
                 bw, lat = topology.ring_link(hw, topology.span(sorted({i * stage_ranks, j * stage_ranks}),
                                                                hw.devices_per_node))
-                p += lay.vpp * (sent / bw * f_comm + lat)
+                p += k / 2 * (nbytes / bw * f_comm + lat)
         comp.append(c), hbm.append(a), tps.append(t), eps.append(e), cps.append(x), p2ps.append(p)
         per_stage.append(c + a + t + e + x + p + perms[-1])
     b = max(range(lay.pp), key=lambda k: per_stage[k])
@@ -411,22 +398,23 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     dp_bw, dp_lat = topology.ring_link(hw, dp_sp)
     edp_bw, edp_lat = topology.ring_link(hw, edp_sp)
 
-    def reduce_one(params: float, sp: dict, bw: float, lat: float) -> float:
-        """One pass (reduce-scatter or all-gather) of `params` over group `sp`, exposed-time scaled."""
+    def reduce_one(nbytes: float, sp: dict, bw: float, lat: float) -> float:
+        """One pass (reduce-scatter or all-gather) of `nbytes` over group `sp`, exposed-time scaled."""
         n = sp["size"]
-        return 0.0 if n < 2 or params <= 0 else (n - 1) / n * params * lay.param_bytes / bw * f_comm + lat
+        return 0.0 if n < 2 or nbytes <= 0 else (n - 1) / n * nbytes / bw * f_comm + lat
 
-    one_dense = reduce_one(dense, dp_sp, dp_bw, dp_lat)
-    one_expert = reduce_one(expert, edp_sp, edp_bw, edp_lat)      # routed experts: over their replicas only
+    grads = gradient_collectives(cfg, b)
+    passes = grads["DP"][0]
+    one_dense = reduce_one(grads["DP"][1], dp_sp, dp_bw, dp_lat)
+    one_expert = reduce_one(grads["EDP"][1], edp_sp, edp_bw, edp_lat)     # routed experts: over their replicas only
     one = one_dense + one_expert
     if one > 0:
+        dp_total = passes * one
         if lay.optimizer_shard == "fsdp":
             # parameters gathered before forward and backward of every micro-batch's layers, gradients
             # reduce-scattered once: prefetched behind the compute of the layer before
-            dp_total = (2 * nm + 1) * one
             window = (compute_s + tp_s) * hw.dp_overlap
         else:
-            dp_total = 2 * one      # reduce-scatter + all-gather (parallel optimizer), or one all-reduce
             # the parallel optimizer's parameter all-gather comes after the update, before the next forward
             dp_exposed_part = one if lay.optimizer_shard == "po" else 0.0
     dp_s = dp_exposed_part + max(0.0, dp_total - dp_exposed_part - window)
@@ -463,6 +451,63 @@ TERMS = (("compute_s", "compute"), ("attn_hbm_s", "attention scores through HBM 
          ("dp_s", "DP reduction, exposed"), ("optimizer_s", "optimizer update"))
 
 
+def stage_collectives(cfg: Config, i: int) -> dict[str, tuple[float, float, str]]:
+    """The collectives one device of stage i runs per micro-batch, by group, as (count, bytes each, kind); a
+    group that sends nothing is left out. kind "ring" or "all_to_all": each rank sends (n - 1)/n of the bytes
+    over a group of n; "all_gather": each rank's share, forwarded to the n - 1 others; "p2p": all of them. `step_time` prices each on the links its group crosses;
+    `adapt.traffic_bytes` counts the bytes sent.
+
+      TP  ring all-reduces of the b·s·h activations at 16 bits: 8 per layer, 4 more per fully recomputed layer,
+          2 on stage 0 for a vocabulary embedding split over tp
+      EP  all-to-alls of every routed slot, filled or not: 4 per MoE layer, 2 more per recomputed one (the
+          all-gather dispatcher: each rank's tokens gathered, and the outputs reduce-scattered back, as often)
+      CP  Ulysses: all-to-alls of the activations (as TP's count); ring: the local K and V passed cp - 1 times
+          for the forward, twice for the backward and once per recomputed layer
+      PP  the activations on to the next stage and their gradients back to the one before, per chunk
+    """
+    m, lay = cfg.model, cfg.layout
+    first = sum(lay.stage_layers[:i])
+    ids = range(first, first + lay.stage_layers[i])           # stage_layer_ids(cfg)[i]
+    n, n_full = len(ids), lay.full_recompute[i]
+    tokens_micro = lay.batch * lay.interleave * m.seq / lay.cp     # tokens of one micro-batch on one device
+    act_bytes = tokens_micro * m.hidden * 2
+    out: dict[str, tuple[float, float, str]] = {}
+    if lay.tp > 1:
+        out["TP"] = (8 * n + 4 * n_full + (2 if i == 0 and not lay.vocab_emb_dp else 0), act_bytes, "ring")
+    moe_layers = [j for j in ids if m.moe is not None and m.moe.is_moe_layer(j)]
+    if moe_layers:
+        # under sequence parallel, r1.5.0+ MoEV2 routes each tp rank's own sequence shard (r1.5.0
+        # modules/transformer/moe.py l.696 router over dp x mp, l.755 _ffn_forward_sq); r1.2.0-r1.3.x MoEV2
+        # reshapes to (data_parallel, -1, h) and gathers over dp only (r1.3.0 moe.py l.647, l.751,
+        # TopkRouterV2.dispatch_gather l.1152 shard ((dp, 1, 1), (dp, 1, 1))): every tp rank sends the whole slice
+        local = tokens_micro / (lay.tp if lay.seq_parallel and m.moe.sp_dispatch else 1)
+        count = 4 * len(moe_layers) + 2 * sum(1 for j in moe_layers if j - ids[0] < n_full)
+        if m.moe.dispatcher == "allgather":     # each rank's own tokens, once, to every other rank of the group
+            out["EP"] = (count, local * m.hidden * 2, "all_gather")
+        else:                                   # every routed slot, filled or not
+            out["EP"] = (count, local * m.moe.slots() * m.hidden * 2, "all_to_all")
+    if lay.cp > 1:
+        if lay.cp_kind == "ulysses":
+            out["CP"] = (8 * n + 4 * n_full, act_bytes, "all_to_all")
+        else:
+            kv = tokens_micro * (m.kv_heads * m.head_dim if m.attention != "mla" else m.kv_lora_rank + m.qk_rope_dim)
+            out["CP"] = ((lay.cp - 1) * (3 * n + n_full), 2 * kv * 2, "p2p")     # K and V of the local chunk, 16-bit
+    if lay.pp > 1:
+        out["PP"] = (2 * lay.vpp, act_bytes / (lay.tp if lay.seq_parallel else 1), "p2p")
+    return out
+
+
+def gradient_collectives(cfg: Config, i: int) -> dict[str, tuple[float, float, str]]:
+    """Stage i's gradient reduction per optimizer step, as stage_collectives gives the rest: DP passes over its
+    dense parameters' bytes, EDP passes over its routed experts' (over their replicas only). Two ring passes
+    (reduce-scatter + all-gather under the parallel optimizer, or one all-reduce); FSDP gathers the parameters
+    before the forward and the backward of every micro-batch too: 2 x micro-batches + 1."""
+    lay = cfg.layout
+    dense, expert = stage_params(cfg, i)
+    passes = 2 * lay.n_micro + 1 if lay.optimizer_shard == "fsdp" else 2
+    return {"DP": (passes, dense * lay.param_bytes, "ring"), "EDP": (passes, expert * lay.param_bytes, "ring")}
+
+
 # ---------------------------------------------------------------- memory
 HCCL_BUFFSIZE_BYTES = 200 * 2**20      # CANN's default HCCL_BUFFSIZE: 200 MB (envvar reference, HCCL_BUFFSIZE)
 RESERVE_SOURCE = ("HCCL's send and receive buffers, 2 x HCCL_BUFFSIZE (200 MB by default) for every communication "
@@ -485,7 +530,7 @@ def memory_reserve(cfg: Config, hw: Any) -> dict[str, Any]:
 def _domains(cfg: Config) -> list[str]:
     names = [k for k, ranks in topology.groups(cfg.layout, cfg.dialect).items() if len(ranks) > 1
              and (cfg.model.moe is not None or k not in ("EP", "EDP"))]
-    return names + (["world"] if cfg.devices > 1 else [])
+    return names + (["world"] if cfg.layout.devices > 1 else [])
 
 
 def with_reserve(cfg: Config, hw: Any) -> Config:
@@ -496,7 +541,7 @@ def with_reserve(cfg: Config, hw: Any) -> Config:
 
 def memory_per_stage(cfg: Config) -> dict[str, Any]:
     """Peak bytes per device of each pipeline stage, against the budget, with the largest stage's breakdown
-    (params, grads, optimizer_states, activations, grad_accum_buffer)."""
+    (params, grads, optimizer_states, activations; an accumulation buffer is counted in grads)."""
     m, lay = cfg.model, cfg.layout
     ids = stage_layer_ids(cfg)
     pb = lay.param_bytes
@@ -524,14 +569,13 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
         # accumulating (pipeline micro-batches or gradient accumulation): MindSpore adds each micro-batch's
         # gradients into the accu_grads buffer as the backward produces them, so the buffer is the one
         # gradient-sized copy (counted as grads; sliced over dp with gradient_accumulation_shard)
-        buffer = 0
         if accum and lay.shard_accum and po:
             grads = grads / lay.shard_ranks
         activations = stage_activations(cfg, i)["bytes"]
-        total = params + grads + states + buffer + activations
+        total = params + grads + states + activations
         totals.append(int(total))
         parts.append({"params": int(params), "grads": int(grads), "optimizer_states": int(states),
-                      "activations": int(activations), "grad_accum_buffer": int(buffer)})
+                      "activations": int(activations)})
     peak = max(range(lay.pp), key=lambda k: totals[k])
     budget = cfg.budget_bytes
     reserve = 2 * HCCL_BUFFSIZE_BYTES * len(_domains(cfg)) if cfg.hccl_reserve else 0
@@ -547,7 +591,10 @@ def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
     two largest stay on device), working (one layer rematerialised under recompute), output (logits on the last
     stage), in_flight (micro-batches held under 1F1B, x Narayanan et al.'s interleaved factor) and
     bytes = per_micro_batch x in_flight + working + output, the term memory_per_stage adds."""
-    mem = _sibling("memory")
+    if "." in __package__:
+        from .. import memory as mem
+    else:  # the doctor/ folder copied beside its siblings as plain files
+        import memory as mem
     m, lay = cfg.model, cfg.layout
     if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < lay.pp):
         raise DoctorError("stage", i, f"0 <= stage < pp = {lay.pp}")

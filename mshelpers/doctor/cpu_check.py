@@ -9,7 +9,7 @@ from typing import Any
 
 from .calibration import Calibration
 from .cost import step_time
-from .describe import Config, DoctorError, _sibling
+from .describe import Config, DoctorError
 from .hardware import DoctorHardware
 from .readers import read_config
 
@@ -27,7 +27,11 @@ def mini_config(run: Any = None, **changes: Any) -> Config:
     the global batch, dp, recompute "none"/"selective"/"full", compute_dtype), with `changes` applied. It is
     read through the same `read_config` as a mindformers YAML (runner_config.batch_size = batch_size / dp)."""
     if run is None:
-        run = _sibling("config", "RunConfig").preset("mini")
+        if "." in __package__:
+            from ..config import RunConfig
+        else:  # the doctor/ folder copied beside its siblings as plain files
+            from config import RunConfig
+        run = RunConfig.preset("mini")
     d = dict(run) if isinstance(run, dict) else run.to_dict() if hasattr(run, "to_dict") else None
     if d is None:
         raise DoctorError("run", type(run).__name__, "pass a RunConfig or a dict of its fields")
@@ -65,7 +69,10 @@ def cpu_hardware(ranks: int = 1, *, alpha_beta: Any = None, peak: float | None =
     """
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise DoctorError("ranks", ranks, "a positive integer (processes sharing this CPU)")
-    peak_flops, peak_flops_record, cpu_info = _sibling("peak", "peak_flops", "peak_flops_record", "cpu_info")
+    if "." in __package__:
+        from ..peak import cpu_info, peak_flops, peak_flops_record
+    else:  # the doctor/ folder copied beside its siblings as plain files
+        from peak import cpu_info, peak_flops, peak_flops_record
     cores = cores or os.cpu_count() or 1
     if peak is None:
         peak = peak_flops()
@@ -147,11 +154,18 @@ def measure_cpu_steps(recomputes: tuple = ("none", "full"), steps: int = 8, *, w
     import time
     import mindspore as ms
     from mindspore import nn
-    RunConfig = _sibling("config", "RunConfig")
-    build_model = _sibling("model", "build_model")
-    make_optimizer = _sibling("train", "make_optimizer")
-    numpy_batches = _sibling("data", "numpy_batches")
-    make_dp_step = _sibling("workers.dp_train", "make_dp_step")
+    if "." in __package__:
+        from ..config import RunConfig
+        from ..data import numpy_batches
+        from ..model import build_model
+        from ..train import make_optimizer
+        from ..workers.dp_train import make_dp_step
+    else:  # the doctor/ folder copied beside its siblings as plain files
+        from config import RunConfig
+        from data import numpy_batches
+        from model import build_model
+        from train import make_optimizer
+        from workers.dp_train import make_dp_step
     run = run or RunConfig.preset("mini")
     made = keep if keep is not None else {}
     for rc in recomputes:
@@ -275,7 +289,10 @@ def _cpu_check_worker(argv: list[str]) -> int:
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
     init()                 # the msrun scheduler process runs this file too and stops inside init()
-    report_progress, write_rank_result = _sibling("launch", "report_progress", "write_rank_result")
+    if "." in __package__:
+        from ..launch import report_progress, write_rank_result
+    else:  # the doctor/ folder copied beside its siblings as plain files
+        from launch import report_progress, write_rank_result
     rank, world = get_rank(), get_group_size()
     rcs = tuple(r for r in a.recompute.split(",") if r)
     total = a.steps * len(rcs) + 1

@@ -12,16 +12,6 @@ from typing import Any
 from .published import PUBLISHED
 
 
-def _sibling(module: str, *names: str) -> Any:
-    """A sibling cookbook module (or names from it), imported when a function needs it: mshelpers.<module>
-    inside the package, plain <module> when the `doctor/` folder was copied beside the modules it needs."""
-    import importlib
-    parent = (__package__ or "").rpartition(".")[0]
-    mod = importlib.import_module(f"{parent}.{module}" if parent else module)
-    got = tuple(getattr(mod, n) for n in names)
-    return mod if not names else got[0] if len(names) == 1 else got
-
-
 class DoctorError(ValueError):
     """Bad input, said in one line: which field, what value, and the fix."""
 
@@ -186,12 +176,6 @@ EXPECTED_ERROR = {"dense": {"median_abs_error": 0.075, "p80_abs_error": 0.201, "
                   "moe": {"median_abs_error": 0.062, "p80_abs_error": 0.139, "rows": 4, "families": 4}}
 
 
-_MODEL_NAMES = {"hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "seq", "flash"}
-_LAYOUT_NAMES = {"dp", "pp", "micro", "batch", "grad_accum", "interleave", "seq_parallel", "vocab_emb_dp",
-                 "compute_dtype", "param_bytes", "stage_layers", "full_recompute", "select_ops", "devices",
-                 "n_micro", "global_batch", "parallel_optimizer", "ep", "cp", "vpp"}
-
-
 @dataclass(frozen=True)
 class Config:
     """A read file: the model, the layout, the memory budget, the dialect, and the parsed file itself."""
@@ -205,18 +189,6 @@ class Config:
     release: tuple = ()             # the mindformers release the file runs on, when given (read_config(release=))
     key_flags: tuple = field(default=(), compare=False)   # unknown keys and missing sections (keys.key_flags)
     hccl_reserve: bool = False      # keep HCCL's buffers free inside the budget (cost.memory_reserve; Ascend only)
-
-    # the flat names of the single-dataclass doctor, kept for code written against it
-    def __getattr__(self, name: str) -> Any:
-        if name in _MODEL_NAMES:
-            return getattr(self.model, name)
-        if name in _LAYOUT_NAMES:
-            return getattr(self.layout, name)
-        if name == "mp":
-            return self.layout.tp
-        if name == "layout_name":
-            return self.dialect
-        raise AttributeError(name)
 
     def layout_dict(self) -> dict:
         """The layout as mindformers' r1.x names (for the report, --json and the search's change lists)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .describe import DoctorError, _sibling
+from .describe import DoctorError
 
 _MSMODELING = ("Huawei Ascend/msmodeling, tensor_cast/device.py (commit 1e5a50b1), "
                "https://github.com/Ascend/msmodeling/blob/1e5a50b1a025a6658a277aa963c87691dc279f4f/tensor_cast/device.py")
@@ -68,7 +68,10 @@ def hardware(name: str = "atlas-800t-a2") -> DoctorHardware:
         return HARDWARE[name]
     if name != "cpu":
         raise DoctorError("--hardware", name, f"use one of {', '.join(HARDWARE_NAMES)}")
-    max_clock_mhz, cpu_info, fp32_fma_lanes = _sibling("peak", "max_clock_mhz", "cpu_info", "fp32_fma_lanes")
+    if "." in __package__:
+        from ..peak import cpu_info, fp32_fma_lanes, max_clock_mhz
+    else:  # the doctor/ folder copied beside its siblings as plain files
+        from peak import cpu_info, fp32_fma_lanes, max_clock_mhz
     mhz, where = max_clock_mhz()
     info = cpu_info()
     lanes, isa = fp32_fma_lanes(info)      # 8 on Zen 4, whose AVX-512 runs on 256-bit units

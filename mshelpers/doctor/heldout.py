@@ -41,7 +41,7 @@ def price(run: dict, calib=CALIBRATION) -> dict:
     cfg = with_reserve(cfg, hw)
     st, mem = step_time(cfg, hw, calib), memory_per_stage(cfg)
     pred, pub = st["tokens_per_s_per_device"], run.get("tokens_s_p")
-    return {"file": run["file"], "model": run["model"], "moe": run["moe"], "seq": run["seq"], "devices": cfg.devices,
+    return {"file": run["file"], "model": run["model"], "moe": run["moe"], "seq": run["seq"], "devices": cfg.layout.devices,
             "devices_listed": run["devices"], "predicted": round(pred, 1), "published": pub,
             "error": pred / pub - 1 if pub else None, "mfu_published": run.get("mfu"),
             "mfu_6n": st["mfu_6n"], "mfu_attention": st["mfu_attention"], "mfu_hardware": st["mfu_hardware"],

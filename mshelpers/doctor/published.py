@@ -4,9 +4,6 @@ commit) and where the figure is printed. `role` "fit" marks the (at most 4) poin
 fixes (calibration.stand_in_points)."""
 from __future__ import annotations
 
-_CARD_R12 = "mindformers r1.2.0 docs/model_cards/llama2.md"
-_CARD_R13 = "mindformers r1.3.0 docs/model_cards/llama2.md"
-_CARD_R11 = "mindformers r1.1.0 docs/model_cards/llama2.md"
 # Every published training throughput used, with where it is printed; `file` is the YAML the figure links,
 # copied from the same branch into tests/data/mindformers/ (its header names path and commit).
 PUBLISHED: tuple[dict, ...] = (

@@ -38,15 +38,16 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
         cfg = replace(cfg, budget_bytes=int(hw.memory_bytes))
     cfg = with_reserve(cfg, hw)
     moved = None
-    if devices is not None and devices != cfg.devices:
+    if devices is not None and devices != cfg.layout.devices:
         # the file's own layout needs cfg.devices: search the layouts of the same model and batch on `devices`
         rows = better_layouts(cfg, hw, devices=devices, calib=calib)
         if not rows:
-            mpp = cfg.mp * cfg.pp * cfg.layout.cp
+            lay = cfg.layout
             raise DoctorError("--devices", devices, f"a device count with a layout that fits: the file's "
-                              f"dp*tp*pp*cp = {cfg.dp}*{cfg.mp}*{cfg.pp}*{cfg.layout.cp} = {cfg.devices}, and no layout "
-                              f"of global batch {cfg.global_batch} fits on {devices} (tp*pp*cp is {mpp} in the file)")
-        moved = {"from_devices": cfg.devices, "from_layout": layout_name(cfg), "changes": rows[0]["changes"],
+                              f"dp*tp*pp*cp = {lay.dp}*{lay.tp}*{lay.pp}*{lay.cp} = {lay.devices}, and no layout "
+                              f"of global batch {lay.global_batch} fits on {devices} (tp*pp*cp is "
+                              f"{lay.tp * lay.pp * lay.cp} in the file)")
+        moved = {"from_devices": cfg.layout.devices, "from_layout": layout_name(cfg), "changes": rows[0]["changes"],
                  "layout": rows[0]["layout"]}
         cfg = replace(rows[0]["config"], key_flags=cfg.key_flags, notes=cfg.notes)
     mem = memory_per_stage(cfg)
@@ -163,8 +164,8 @@ def release_pair(path_or_dict: Any, cfg: Any, hw: Any, calib: Any, budget: Any, 
                     f"from {split} on (MoE dispatch under sequence parallel; pass --release to choose)"}
 
 
-_MEMORY_TERMS = (("params", "parameters"), ("grads", "gradients"), ("grad_accum_buffer", "the gradient accumulation "
-                 "buffer"), ("optimizer_states", "optimizer states"), ("activations", "activations"))
+_MEMORY_TERMS = (("params", "parameters"), ("grads", "gradients"), ("optimizer_states", "optimizer states"),
+                 ("activations", "activations"))
 
 
 def dominant_term(mem: dict) -> tuple[str, int]:
@@ -296,7 +297,7 @@ def render_text(r: dict) -> str:
           "|---|---|---|---|---|---|---|---|"]
     budget = mem["budget_bytes"] or 0
     for i, (b, part) in enumerate(zip(mem["per_stage_bytes"], mem["per_stage_breakdown"])):
-        L.append(f"| {i} | {part['params'] / G:.2f} | {(part['grads'] + part['grad_accum_buffer']) / G:.2f} | "
+        L.append(f"| {i} | {part['params'] / G:.2f} | {part['grads'] / G:.2f} | "
                  f"{part['optimizer_states'] / G:.2f} | {part['activations'] / G:.2f} | {b / G:.2f} | {budget / G:.2f} | "
                  f"{(budget - mem.get('reserve_bytes', 0) - b) / G:+.2f} |")
     rs = r.get("reserve") or {}
@@ -478,8 +479,8 @@ def figures(r: dict, out_dir: str) -> dict[str, str]:
     parts = mem["per_stage_breakdown"]
     fig, ax = plt.subplots(figsize=(6, 3.2))
     bottom = [0.0] * len(parts)
-    for key, label in (("params", "params"), ("grads", "grads"), ("grad_accum_buffer", "grad accumulation"),
-                       ("optimizer_states", "optimizer"), ("activations", "activations")):
+    for key, label in (("params", "params"), ("grads", "grads"), ("optimizer_states", "optimizer"),
+                       ("activations", "activations")):
         vals = [p[key] / G for p in parts]
         ax.bar(range(len(parts)), vals, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, vals)]

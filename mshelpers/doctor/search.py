@@ -112,14 +112,15 @@ def _candidates(cfg: Config, hw: DoctorHardware, *, devices: int | None, calib: 
                 global_batch: int | None) -> list[dict]:
     """Every searched variant, priced: rows of cfg, kw (the static keys), tokens_per_s_per_device, step_s,
     memory_bytes, fits (better_layouts' docstring says what is searched)."""
-    devices = devices or cfg.devices
-    B = global_batch or cfg.global_batch // cfg.interleave
+    devices = devices or cfg.layout.devices
+    B = global_batch or cfg.layout.global_batch // cfg.layout.interleave
     budget = cfg.budget_bytes
     seen, rows = set(), []
 
     def consider(c: Config, kw: dict):
-        key = (c.dp, c.mp, c.pp, c.layout.ep, c.micro, c.batch, c.grad_accum, c.seq_parallel, c.parallel_optimizer,
-               c.full_recompute, tuple(tuple(sorted(s)) for s in c.select_ops), c.layout.stage_layers)
+        x = c.layout
+        key = (x.dp, x.tp, x.pp, x.ep, x.micro, x.batch, x.grad_accum, x.seq_parallel, x.parallel_optimizer,
+               x.full_recompute, tuple(tuple(sorted(s)) for s in x.select_ops), x.stage_layers)
         if key in seen:
             return
         seen.add(key)
@@ -142,7 +143,7 @@ def _candidates(cfg: Config, hw: DoctorHardware, *, devices: int | None, calib: 
             consider(v, dict(kw, **r))
         if budget is None:
             return
-        layers = list(variants[0].stage_layers)
+        layers = list(variants[0].layout.stage_layers)
         counts: list[int] = []
         for i in range(pp):
             lo, hi = 0, layers[i]
@@ -158,11 +159,12 @@ def _candidates(cfg: Config, hw: DoctorHardware, *, devices: int | None, calib: 
             consider(layout_variant(cfg, **kw, **r), dict(kw, **r))
 
     cp, ep = cfg.layout.cp, cfg.layout.ep
+    m = cfg.model
     for mp in _divisors(devices // cp):
-        if cfg.heads % mp or (cfg.kv_heads % mp and mp % cfg.kv_heads) or cfg.ffn % mp or mp > 8:
+        if m.heads % mp or (m.kv_heads % mp and mp % m.kv_heads) or m.ffn % mp or mp > 8:
             continue
         for pp in _divisors(devices // (cp * mp)):
-            if pp > cfg.layers or (cfg.layers % pp and pp > 1 and cfg.layers // pp < 2):
+            if pp > m.layers or (m.layers % pp and pp > 1 and m.layers // pp < 2):
                 continue
             dp = devices // (cp * mp * pp)
             for b in (1, 2, 4):
@@ -174,12 +176,12 @@ def _candidates(cfg: Config, hw: DoctorHardware, *, devices: int | None, calib: 
                 base = dict(data_parallel=dp, model_parallel=mp, pipeline_stage=pp, batch_size=b,
                             micro_batch_num=rest if pp > 1 else 1,
                             gradient_accumulation_steps=1 if pp > 1 else rest)
-                if pp != cfg.pp:
+                if pp != cfg.layout.pp:
                     base["offset"] = 0
                     if cfg.layout.vpp > 1:
                         base["pp_interleave_num"] = 1
                 splits = [{}]           # the file's own stage split, then the offsets that balance the stages
-                if pp > 1 and cfg.dialect != "pynative" and (pp != cfg.pp or cfg.layout.vpp == 1):
+                if pp > 1 and cfg.dialect != "pynative" and (pp != cfg.layout.pp or cfg.layout.vpp == 1):
                     splits = [{}] + [{"offset": o} for o in _offsets(cfg, pp) if o != base.get("offset")]
                 if cfg.model.moe is not None and (dp * mp) % ep:
                     base["expert_parallel"] = math.gcd(ep, dp * mp)
@@ -195,7 +197,7 @@ def layout_answers(cfg: Config, hw: DoctorHardware, *, calib: Any = None, top: i
     """One search, three answers: "fastest" (the top layouts by speed), "smallest" (the fewest knobs changed that
     fit, then fastest) and "smallest_gain" (the fewest knobs changed that predict more than +0.5 % over
     `current_tokens_per_s`, then fastest)."""
-    rows = _candidates(cfg, hw, devices=cfg.devices, calib=calib, global_batch=None)
+    rows = _candidates(cfg, hw, devices=cfg.layout.devices, calib=calib, global_batch=None)
     out = {"fastest": _ranked(cfg, rows, "speed", top), "smallest": _ranked(cfg, rows, "change", 1)}
     if current_tokens_per_s:
         faster = [r for r in rows if r["tokens_per_s_per_device"] > 1.005 * current_tokens_per_s]
@@ -283,8 +285,8 @@ def smallest_fitting_scale(cfg: Config, hw: DoctorHardware, *, calib: Any = None
     None when nothing fits up to `max_devices`."""
     if not (isinstance(max_devices, int) and not isinstance(max_devices, bool) and max_devices > 0):
         raise DoctorError("max_devices", max_devices, "a positive integer: the largest device count to try")
-    B = cfg.global_batch // cfg.interleave
-    n = max(cfg.devices, hw.devices_per_node)
+    B = cfg.layout.global_batch // cfg.layout.interleave
+    n = max(cfg.layout.devices, hw.devices_per_node)
     while n <= max_devices:
         # the largest batch tried first at each scale: dp can then take every rank; then the smallest that fits
         top_b = B * max(1, -(-n // B))

@@ -27,13 +27,6 @@ from typing import Any
 
 from .describe import DoctorError
 
-ORDER_SOURCES = {
-    "r1.x": "mindformers/modules/transformer/moe.py (MoE: dp_moe = dp // ep; shards (dp_moe, ep, ..., mp))",
-    "mcore": "mindformers/parallel_core/training_graph/device_matrix.py (layouts (dp, cp, tp) and (dp*tp*cp//ep, ep))",
-    "pynative": "mindformers/pynative/distributed/parallel_dims.py (2.1.0; meshes (pp, batch, cp, tp) and "
-                "(pp, dp_replicate, efsdp, ep))",
-}
-
 
 def _family(dialect: str) -> str:
     """The placement family of a reader's dialect ("1.9" files are r1.x legacy with Hugging Face names)."""

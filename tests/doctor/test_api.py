@@ -22,7 +22,7 @@ def table():
 
 def test_the_stored_calibration_is_what_the_four_fit_points_give():
     fit = D.fit_calibration(str(DATA))
-    assert fit.fitted_on == D.FIT_POINTS == tuple(p["file"] for p in D.PUBLISHED if p["role"] == "fit")
+    assert fit.fitted_on == D.FIT_FILES == tuple(p["file"] for p in D.PUBLISHED if p["role"] == "fit")
     assert len(fit.fitted_on) == 4 and len({D.family_of(p) for p in D.PUBLISHED if p["role"] == "fit"}) == 4
     assert D.CALIBRATION.half_width == 0.0          # no fit row for the width term: it has no effect
     for k in ("compute_efficiency", "comm_time_factor", "half_width", "attention_efficiency", "head_dim_half"):
@@ -33,7 +33,7 @@ def test_error_on_published_figures_not_used_for_fitting(table):
     assert len(table) == len(D.PUBLISHED) >= 90
     checked = [r for r in table if r["role"] == "check"]
     fitted = {(r["config"], r["hardware"], r["published"]) for r in table if r["role"] == "fit"}
-    assert {c for c, _, _ in fitted} == set(D.FIT_POINTS) and len(fitted) == 4
+    assert {c for c, _, _ in fitted} == set(D.FIT_FILES) and len(fitted) == 4
     assert len(checked) >= 80 and not {(r["config"], r["hardware"], r["published"]) for r in checked} & fitted
     assert len({r["family"] for r in checked}) >= 15
     errs = [abs(r["predicted"] / r["published"] - 1) for r in checked]      # from the data, not the stored field
@@ -108,8 +108,8 @@ def test_step_terms_add_up_and_give_tokens_and_mfu():
     terms = ("compute_s", "tp_s", "p2p_s", "bubble_s", "dp_s", "optimizer_s")
     assert sum(st[k] for k in terms) == pytest.approx(st["step_s"])
     assert all(st[k] > 0 for k in ("compute_s", "tp_s", "p2p_s", "bubble_s"))    # mp 4, pp 8, dp 2
-    assert cfg.global_batch == 1 * 2 * 128 and cfg.devices == 64
-    assert st["tokens_per_s_per_device"] == pytest.approx(cfg.global_batch * 4096 / (st["step_s"] * 64))
+    assert cfg.layout.global_batch == 1 * 2 * 128 and cfg.layout.devices == 64
+    assert st["tokens_per_s_per_device"] == pytest.approx(cfg.layout.global_batch * 4096 / (st["step_s"] * 64))
     assert st["mfu_6n"] < st["mfu_attention"]
     full = D.step_time(D.read_config(Y13), D.hardware("atlas-800t-a2"))      # full recompute: hardware > model
     assert full["mfu_hardware"] > full["mfu_attention"] > full["mfu_6n"] and full["recompute_factor"] > 1.25
@@ -121,9 +121,9 @@ def test_step_terms_add_up_and_give_tokens_and_mfu():
 def test_recompute_costs_time_and_select_lists_count_their_matmuls():
     hw = D.hardware("atlas-800t-a2")
     base = D.read_config(Y13)                             # full recompute
-    none = D._with(base, recompute=False, select_recompute=False)
-    silu = D._with(base, recompute=False, select_recompute=True)
-    fine = D._with(base, recompute=False, select_recompute=[r"feed_forward\.w1\.matmul", r"attention\.flash"])
+    none = D.with_layout(base, recompute=False, select_recompute=False)
+    silu = D.with_layout(base, recompute=False, select_recompute=True)
+    fine = D.with_layout(base, recompute=False, select_recompute=[r"feed_forward\.w1\.matmul", r"attention\.flash"])
     t = {k: D.step_time(c, hw)["compute_s"] for k, c in (("full", base), ("none", none), ("silu", silu), ("fine", fine))}
     assert t["none"] == t["silu"] < t["fine"] < t["full"]
 
@@ -138,8 +138,8 @@ def test_guide_13b_steps_come_out_in_the_guides_order():
 
 def test_1_9_layout_is_read():
     cfg = D.read_config(DATA / "master_pretrain_qwen3_32b_4k.yaml")
-    assert cfg.dialect == "mcore" and cfg.layers == 64 and cfg.kv_heads == 8 and cfg.head_dim == 128
-    assert cfg.stage_layers == (15, 15, 17, 17) and cfg.ffn == 25600
+    assert cfg.dialect == "mcore" and cfg.model.layers == 64 and cfg.model.kv_heads == 8 and cfg.model.head_dim == 128
+    assert cfg.layout.stage_layers == (15, 15, 17, 17) and cfg.model.ffn == 25600
 
 
 def _cli(args, capsys):
@@ -227,9 +227,9 @@ def test_improved_yaml_loads_in_mindformers_classes(tmp_path, capsys):
     paths = D.write_outputs(r, str(tmp_path / "out"), str(p))
     got = D.load_with_mindformers(paths["yaml"])
     best = r["layouts"][0]["config"]
-    assert got["parallel_config"].data_parallel == best.dp and got["parallel_config"].model_parallel == best.mp
-    assert got["parallel_config"].pipeline_stage == best.pp
-    assert got["model_config"].num_layers == 40 and got["config"].runner_config.batch_size == best.batch
+    assert got["parallel_config"].data_parallel == best.layout.dp
+    assert got["parallel_config"].model_parallel == best.layout.tp and got["parallel_config"].pipeline_stage == best.layout.pp
+    assert got["model_config"].num_layers == 40 and got["config"].runner_config.batch_size == best.layout.batch
 
 
 # ---------------------------------------------------------------- the CPU check (issue 25, item 7): fast terms only;
@@ -239,9 +239,10 @@ _AB = (2e-3, 100e6)           # an all-reduce alpha-beta pair: 2 ms + S / (100 M
 
 def test_mini_config_is_the_cookbook_mini_model():
     c = D.mini_config()
-    assert (c.hidden, c.layers, c.heads, c.ffn, c.vocab, c.seq) == (256, 4, 4, 688, 1024, 128)
-    assert D.param_count(c) == 3_688_704 and c.batch == 8 and c.dp == 1 and c.full_recompute == (0,)
-    two = D.mini_config(dp=2, recompute="full")
+    m, lay = c.model, c.layout
+    assert (m.hidden, m.layers, m.heads, m.ffn, m.vocab, m.seq) == (256, 4, 4, 688, 1024, 128)
+    assert D.param_count(c) == 3_688_704 and lay.batch == 8 and lay.dp == 1 and lay.full_recompute == (0,)
+    two = D.mini_config(dp=2, recompute="full").layout
     assert two.batch == 4 and two.dp == 2 and two.global_batch == 8 and two.full_recompute == (4,)
 
 
@@ -253,11 +254,11 @@ def test_cpu_prediction_terms():
           for dp in (1, 2) for rc in ("none", "full")}
     c = D.mini_config()
     layer_fwd = sum(D.layer_ops(c.model, 0).values())
-    fwd = c.layers * layer_fwd + 2 * c.vocab * c.hidden
-    tokens = c.batch * c.seq
+    fwd = c.model.layers * layer_fwd + 2 * c.model.vocab * c.model.hidden
+    tokens = c.layout.batch * c.model.seq
     assert st[1, "none"]["compute_s"] == pytest.approx(tokens * 3 * fwd / (60e9 * 0.8))
     # full recompute: one more forward of every layer (not of the lm_head)
-    assert st[1, "full"]["compute_s"] / st[1, "none"]["compute_s"] == pytest.approx((3 * fwd + c.layers * layer_fwd) / (3 * fwd))
+    assert st[1, "full"]["compute_s"] / st[1, "none"]["compute_s"] == pytest.approx((3 * fwd + c.model.layers * layer_fwd) / (3 * fwd))
     # half the tokens per rank at half the peak: the same compute time as one process
     assert st[2, "none"]["compute_s"] == pytest.approx(st[1, "none"]["compute_s"])
     # the gradient all-reduce: alpha + S/beta over the fp32 gradients, not hidden behind the backward

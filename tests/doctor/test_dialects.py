@@ -159,7 +159,7 @@ def test_vpp_shrinks_the_bubble_and_context_parallel_adds_its_traffic():
     for algo in ("colossalai_cp", "ulysses_cp"):
         d["parallel_config"].update(context_parallel=2, context_parallel_algo=algo)
         cp = D.read_config(d)
-        assert cp.layout.cp == 2 and cp.devices == 32 and cp.layout.cp_kind == ("ulysses" if "ulysses" in algo else "ring")
+        assert cp.layout.cp == 2 and cp.layout.devices == 32 and cp.layout.cp_kind == ("ulysses" if "ulysses" in algo else "ring")
         if algo == "ulysses_cp":
             assert D.step_time(cp, hw)["cp_s"] > 0
         else:
@@ -291,12 +291,12 @@ def test_a_config_that_cannot_fit_as_shipped_says_why_and_the_smallest_scale_tha
     sc = r["scale"]
     n, b, row = sc["devices"], sc["global_batch"], sc["row"]
     assert f"fits from {n} devices at global batch {b}" in v and str(row["tokens_per_s_per_device"]) in v
-    assert row["config"].devices == n and row["config"].global_batch == b
+    assert row["config"].layout.devices == n and row["config"].layout.global_batch == b
     mem = D.memory_per_stage(row["config"])
     assert mem["fits"] and mem["memory_per_device_bytes"] <= r["config"].budget_bytes
     hw = D.hardware("atlas-800t-a2")
     assert not D.better_layouts(r["config"], hw, devices=n // 2, global_batch=b * max(1, n // 2), top=1)
-    if b > r["config"].global_batch:       # a smaller batch at that scale does not fit
+    if b > r["config"].layout.global_batch:       # a smaller batch at that scale does not fit
         assert not D.better_layouts(r["config"], hw, devices=n, global_batch=b // 2, top=1)
     assert D.summary_json(r)["fits_from"]["devices"] == n
 
@@ -305,7 +305,7 @@ def test_gradient_accumulation_under_a_pipeline_is_reset_to_1_as_mindformers_doe
     """mindformers' trainer (base_trainer.py, _check_grad_accumulation_steps) sets it to 1 when pipeline_stage > 1:
     the pipeline accumulates over micro_batch_num alone."""
     c = D.read_config(DATA / "r1.3.0_finetune_qwen1_5_4b.yaml")
-    assert c.layout.pp == 2 and c.layout.grad_accum == 1 and c.layout.global_batch == c.layout.batch * c.dp * c.micro
+    assert c.layout.pp == 2 and c.layout.grad_accum == 1 and c.layout.global_batch == c.layout.batch * c.layout.dp * c.layout.micro
     assert any("gradient_accumulation_steps=8 with pipeline_stage=2" in n for n in c.notes)
 
 

@@ -42,12 +42,12 @@ def test_each_family_is_predicted_by_a_fit_that_never_saw_it(lofo):
 
 def test_a_stand_in_takes_the_part_of_the_step_its_fit_row_set():
     pts = C.stand_in_points("chatglm3", str(DATA))
-    new = [p for p in pts if p["file"] not in D.FIT_POINTS]
+    new = [p for p in pts if p["file"] not in D.FIT_FILES]
     assert [p["sets"] for p in new] == ["attention"] and C.family_of(new[0]) != "chatglm3"
-    assert [p["file"] for p in pts if p["file"] in D.FIT_POINTS] == [p["file"] for p in D.PUBLISHED
+    assert [p["file"] for p in pts if p["file"] in D.FIT_FILES] == [p["file"] for p in D.PUBLISHED
                                                                       if p["role"] == "fit" and p["sets"] != "attention"]
     # telechat2's fit row is MoE: its stand-in is MoE too (the all-to-all is what the comm factor was fitted on)
-    tele = [p for p in C.stand_in_points("telechat2", str(DATA)) if p["file"] not in D.FIT_POINTS]
+    tele = [p for p in C.stand_in_points("telechat2", str(DATA)) if p["file"] not in D.FIT_FILES]
     assert [p["sets"] for p in tele] == ["comm"] and D.read_config(DATA / tele[0]["file"]).model.moe is not None
 
 
@@ -219,7 +219,7 @@ def test_readme_doctor_block_is_what_the_code_gives():
 def test_a_stand_in_is_of_its_fit_rows_kind():
     """Qwen2's fit row (dense, head dim 64) hands the head-dim term to a dense row: without the kind filter the
     largest head-dim share is DeepSeek-V2's (MLA, head dim 192, MoE)."""
-    new = [p for p in C.stand_in_points("qwen2", str(DATA)) if p["file"] not in D.FIT_POINTS]
+    new = [p for p in C.stand_in_points("qwen2", str(DATA)) if p["file"] not in D.FIT_FILES]
     assert [p["sets"] for p in new] == ["head_dim"]
     assert D.read_config(DATA / new[0]["file"]).model.moe is None, new[0]["file"]
 
@@ -260,5 +260,5 @@ def test_the_kind_filter_chooses_when_a_dense_row_is_more_collective_bound(monke
     monkeypatch.setattr(C, "PUBLISHED", rows)
     shares = {f: C._shares(next(p for p in rows if p["file"] == f), str(DATA)) for f in keep}
     assert shares["r1.3.0_run_gpt2_13b.yaml"]["comm"] > shares["r1.2.0_finetune_mixtral-8x7b.yaml"]["comm"]
-    new = [p for p in C.stand_in_points("telechat2", str(DATA)) if p["file"] not in D.FIT_POINTS]
+    new = [p for p in C.stand_in_points("telechat2", str(DATA)) if p["file"] not in D.FIT_FILES]
     assert [(p["sets"], p["file"]) for p in new] == [("comm", "r1.2.0_finetune_mixtral-8x7b.yaml")]

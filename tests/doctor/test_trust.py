@@ -107,7 +107,7 @@ def test_an_oom_names_the_dominant_term_and_the_smallest_change_first(tmp_path, 
     r = D.diagnose(d)
     assert r["fits"] is False
     part = max(zip(r["memory"]["per_stage_bytes"], r["memory"]["per_stage_breakdown"]), key=lambda t: t[0])[1]
-    biggest = max(("params", "grads", "grad_accum_buffer", "optimizer_states", "activations"), key=part.get)
+    biggest = max(("params", "grads", "optimizer_states", "activations"), key=part.get)
     term, size = D.report.dominant_term(r["memory"])
     assert size == part[biggest] and term.startswith({"activations": "activations", "optimizer_states": "optimizer",
                                                       "params": "parameters", "grads": "gradients"}.get(biggest, "-"))
@@ -280,7 +280,7 @@ def test_out_on_other_devices_moves_dp_and_its_alias_follows(tmp_path, capsys):
     dp = got["parallel_config"]["data_parallel"]
     assert dp * got["parallel_config"]["model_parallel"] * got["parallel_config"]["pipeline_stage"] == 16
     assert all(x[0] == dp for x in got["parallel"]["dataset_strategy"]) and body.count("*dp") == src.read_text().count("*dp")
-    assert D.diagnose(str(tmp_path / "o" / "improved.yaml"), search=False)["config"].devices == 16
+    assert D.diagnose(str(tmp_path / "o" / "improved.yaml"), search=False)["config"].layout.devices == 16
 
 
 # ---------------------------------------------------------------- 7. one FLOP bookkeeping
