@@ -168,6 +168,8 @@ CALLS: dict[str, str] = {
         assert rs["groups"] == ["DP", "world"] and rs["bytes"] == 2 * 2 * 200 * 2**20
         assert m.with_reserve(c, m.hardware("atlas-800t-a2")).hccl_reserve and not c.hccl_reserve
         assert m.calibration_summary([{"role": "check", "error": 0.1, "fits": True}])["median_abs_error"] == 0.1
+        assert m.cites_two_sources("1465 (r1.3.0 a.md l.15) against 1640 (l.23)")
+        assert m.unexplained_families([{"role": "check", "family": "x", "error": 0.9, "fits": True}]) == {("x", False)}
         fam = {"family": "x", "moe": False, "errors": [0.1, -0.3], "median_abs_error": 0.2}
         assert m.lofo_summary([fam])["dense"]["median_abs_error"] == 0.2
         hs = m.heldout_summary([{"file": "a", "moe": False, "seq": 4096, "error": 0.1, "fits": True, "flags": 0,

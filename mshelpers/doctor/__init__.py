@@ -44,9 +44,10 @@ from __future__ import annotations
 import os
 
 from .calibration import (CALIBRATION, GUIDE_SOURCE, OFF_FAMILIES, Calibration, calibration_summary,
-                          calibration_table, family_of, family_summary, fit_calibration, fixture_dir,
+                          calibration_table, cites_two_sources, family_of, family_summary, fit_calibration, fixture_dir,
                           guide_13b_ranking, guide_13b_steps, kendall_tau, leave_one_family_out, lofo_summary,
-                          moe_placement, off_families, ranking_groups, release_of, stand_in_points)
+                          moe_placement, off_families, ranking_groups, release_of, stand_in_points,
+                          unexplained_families)
 from .cli import main, measured_run
 from .cost import (TERMS, flops_per_token, layer_ops, memory_per_stage, memory_reserve, mtp_params, param_count,
                    pattern_ops, stage_params, step_time, with_reserve)
