@@ -203,29 +203,40 @@ class Hardware:
 # datasheets give none. The Ascend profile is the doctor's (mshelpers/doctor/hardware.py), made on first use.
 _A100_DS = "NVIDIA A100 datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
 _H100_DS = "NVIDIA H100 datasheet, https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
-_NVIDIA = {
-    "a100-sxm": Hardware(
-        peak_flops_per_device=312e12, intra_node_bytes_per_s=300e9, inter_node_bytes_per_s=25e9,
-        devices_per_node=8, compute_efficiency=0.5, name="NVIDIA A100 SXM4 80GB (DGX A100: NVLink 3 + HDR InfiniBand)",
-        hbm_bytes_per_s=2039e9, memory_bytes=80e9,
-        sources=(("peak_flops_per_device", "datasheet: BF16 Tensor Core 312 TFLOPS dense (624 with sparsity); "
-                  + _A100_DS),
-                 ("intra_node_bytes_per_s", "datasheet: NVLink 600 GB/s bidirectional = 300 GB/s per direction "
-                                            "(12 links x 50 GB/s, through NVSwitch: links_per_device 1); " + _A100_DS),
-                 ("inter_node_bytes_per_s", "datasheet: DGX A100 has one 200 Gb/s HDR InfiniBand ConnectX-6 port per "
-                                            "GPU = 25 GB/s; NVIDIA DGX A100 datasheet, https://www.nvidia.com/content/"
-                                            "dam/en-zz/Solutions/Data-Center/nvidia-dgx-a100-datasheet.pdf (not "
-                                            "re-checked here)"),
-                 ("devices_per_node", "DGX/HGX A100: 8 GPUs"),
-                 ("hbm_bytes_per_s", "datasheet: A100 80GB SXM HBM2e 2,039 GB/s; " + _A100_DS),
-                 ("memory_bytes", "datasheet: 80 GB HBM2e; " + _A100_DS),
-                 ("compute_efficiency", "assumed"))),
-    "h100-sxm": Hardware(
-        peak_flops_per_device=989.4e12, intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9,
+
+
+def _nvidia(name: str) -> Hardware:
+    """The NVIDIA profile `name`, its peak the bfloat16 figure of peak.DATASHEET_PEAK_FLOPS (the one datasheet
+    table: each figure typed once, there)."""
+    if __package__:
+        from .peak import DATASHEET_PEAK_FLOPS
+    else:  # copied beside its siblings as plain files
+        from peak import DATASHEET_PEAK_FLOPS
+    if name == "a100-sxm":
+        bf16 = DATASHEET_PEAK_FLOPS["NVIDIA A100 SXM"]["bfloat16"]
+        return Hardware(
+            peak_flops_per_device=bf16, intra_node_bytes_per_s=300e9, inter_node_bytes_per_s=25e9,
+            devices_per_node=8, compute_efficiency=0.5, name="NVIDIA A100 SXM4 80GB (DGX A100: NVLink 3 + HDR InfiniBand)",
+            hbm_bytes_per_s=2039e9, memory_bytes=80e9,
+            sources=(("peak_flops_per_device", f"datasheet: BF16 Tensor Core {bf16 / 1e12:g} TFLOPS dense "
+                      f"({2 * bf16 / 1e12:g} with sparsity); " + _A100_DS),
+                     ("intra_node_bytes_per_s", "datasheet: NVLink 600 GB/s bidirectional = 300 GB/s per direction "
+                                                "(12 links x 50 GB/s, through NVSwitch: links_per_device 1); " + _A100_DS),
+                     ("inter_node_bytes_per_s", "datasheet: DGX A100 has one 200 Gb/s HDR InfiniBand ConnectX-6 port per "
+                                                "GPU = 25 GB/s; NVIDIA DGX A100 datasheet, https://www.nvidia.com/content/"
+                                                "dam/en-zz/Solutions/Data-Center/nvidia-dgx-a100-datasheet.pdf (not "
+                                                "re-checked here)"),
+                     ("devices_per_node", "DGX/HGX A100: 8 GPUs"),
+                     ("hbm_bytes_per_s", "datasheet: A100 80GB SXM HBM2e 2,039 GB/s; " + _A100_DS),
+                     ("memory_bytes", "datasheet: 80 GB HBM2e; " + _A100_DS),
+                     ("compute_efficiency", "assumed")))
+    bf16 = DATASHEET_PEAK_FLOPS["NVIDIA H100 SXM"]["bfloat16"]
+    return Hardware(
+        peak_flops_per_device=bf16, intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9,
         devices_per_node=8, compute_efficiency=0.5, name="NVIDIA H100 SXM5 (DGX H100: NVLink 4 + NDR InfiniBand)",
         hbm_bytes_per_s=3.35e12, memory_bytes=80e9,
-        sources=(("peak_flops_per_device", "datasheet: BF16 Tensor Core 1,979 TFLOPS with 2:4 sparsity, 989.4 dense (peak.DATASHEET_PEAK_FLOPS); "
-                  + _H100_DS),
+        sources=(("peak_flops_per_device", "datasheet: BF16 Tensor Core 1,979 TFLOPS with 2:4 sparsity, "
+                  f"{bf16 / 1e12:g} dense (peak.DATASHEET_PEAK_FLOPS); " + _H100_DS),
                  ("intra_node_bytes_per_s", "datasheet: NVLink 900 GB/s bidirectional = 450 GB/s per direction "
                                             "(18 links x 50 GB/s, through NVSwitch: links_per_device 1); " + _H100_DS),
                  ("inter_node_bytes_per_s", "DGX H100 user guide: one ConnectX-7 per GPU (8 OSFP ports), 400 Gb/s NDR "
@@ -233,37 +244,49 @@ _NVIDIA = {
                  ("devices_per_node", "DGX/HGX H100: 8 GPUs"),
                  ("hbm_bytes_per_s", "datasheet: H100 SXM HBM3 3.35 TB/s; " + _H100_DS),
                  ("memory_bytes", "datasheet: 80 GB HBM3; " + _H100_DS),
-                 ("compute_efficiency", "assumed"))),
-}
+                 ("compute_efficiency", "assumed")))
+
+
+_PROFILE_NAMES = ("a100-sxm", "h100-sxm", "ascend-910b")
 
 
 class _Profiles(dict):
-    """REFERENCE_HARDWARE: the NVIDIA profiles above and "ascend-910b", the doctor's "atlas-800t-a2" profile with
-    the doctor's fitted calibration, made on first use (so this module imports without the doctor folder)."""
+    """REFERENCE_HARDWARE: "a100-sxm" and "h100-sxm" (the NVIDIA profiles above, their peaks read from
+    peak.DATASHEET_PEAK_FLOPS) and "ascend-910b", the doctor's "atlas-800t-a2" profile with the doctor's fitted
+    calibration; each made on first use (so this module imports without peak.py or the doctor folder)."""
 
     def __missing__(self, name: str) -> Hardware:
-        if name != "ascend-910b":
+        if name not in _PROFILE_NAMES:
             raise KeyError(name)
-        if __package__:
-            from . import doctor as D
-        else:  # copied beside its siblings as plain files
-            import doctor as D
-        hw = Hardware.from_doctor(D.hardware("atlas-800t-a2"), D.CALIBRATION,
-                                  name="Huawei Ascend 910B (Atlas 800T A2, 376T bin: HCCS full mesh + RoCE)")
+        if name != "ascend-910b":
+            hw = _nvidia(name)
+        else:
+            if __package__:
+                from . import doctor as D
+            else:  # copied beside its siblings as plain files
+                import doctor as D
+            hw = Hardware.from_doctor(D.hardware("atlas-800t-a2"), D.CALIBRATION,
+                                      name="Huawei Ascend 910B (Atlas 800T A2, 376T bin: HCCS full mesh + RoCE)")
         self[name] = hw
         return hw
 
     def __contains__(self, name: object) -> bool:
-        return name == "ascend-910b" or dict.__contains__(self, name)
+        return name in _PROFILE_NAMES
 
     def __iter__(self):
-        return iter(self.keys())
+        return iter(_PROFILE_NAMES)
 
     def keys(self):
-        return [*dict.keys(self), *(["ascend-910b"] if not dict.__contains__(self, "ascend-910b") else [])]
+        return list(_PROFILE_NAMES)
+
+    def values(self):
+        return [self[n] for n in _PROFILE_NAMES]
+
+    def items(self):
+        return [(n, self[n]) for n in _PROFILE_NAMES]
 
     def __len__(self) -> int:
-        return len(self.keys())
+        return len(_PROFILE_NAMES)
 
 
-REFERENCE_HARDWARE: dict[str, Hardware] = _Profiles(_NVIDIA)
+REFERENCE_HARDWARE: dict[str, Hardware] = _Profiles()

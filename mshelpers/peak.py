@@ -25,16 +25,16 @@ from typing import Any
 
 # --- datasheet peaks (accelerators) ---
 # ------------------------------------------------------------------ the MFU denominator
-# Datasheet peaks for dense matrix math (no sparsity), FLOP/s per device. Each entry cites its source.
-DATASHEET_PEAK_FLOPS: dict[str, dict[str, Any]] = {
+# Datasheet peaks for dense matrix math (no sparsity), FLOP/s per device. Each entry cites its source. This is the
+# cookbook's one datasheet table: hardware.REFERENCE_HARDWARE's NVIDIA profiles read their peaks from it. The
+# Ascend 910B row is the doctor's (doctor/hardware.py ASCEND_910B_PEAK, which its Atlas A2 profiles are built
+# from when the doctor/ folder is imported, with or without this file beside it), read from there on first use.
+_DATASHEET_ROWS: dict[str, dict[str, Any] | None] = {
     "Ascend 910A": {"float16": 256e12, "bfloat16": None,
                     "source": "Huawei, 'DaVinci: A Scalable Architecture for Neural Network Computing', "
                               "Hot Chips 31 (2019): Ascend 910, 32 DaVinci cores, 256 TFLOPS FP16 (no bf16 in "
                               "the 910A's cube unit)"},
-    "Ascend 910B": {"float16": 376e12, "bfloat16": 353.9e12,
-                    "source": "Huawei Ascend/msmodeling device profile ATLAS_800_A2_376T_64G (tensor_cast/device.py, "
-                              "commit 1e5a50b1; mindformers publishes no constant). The same file lists 313T and "
-                              "280T bins of the card: check your SKU, and measure with peak_flops() on the NPU"},
+    "Ascend 910B": None,               # the doctor's ASCEND_910B_PEAK (376e12 float16, 353.9e12 bfloat16)
     "NVIDIA A100 SXM": {"float16": 312e12, "bfloat16": 312e12, "float32": 19.5e12, "tf32": 156e12,
                         "source": "NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-"
                                   "1758950-r4-web.pdf), dense figures"},
@@ -42,6 +42,77 @@ DATASHEET_PEAK_FLOPS: dict[str, dict[str, Any]] = {
                         "source": "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM5; the datasheet's "
                                   "1,979 TFLOPS bf16 is with 2:4 sparsity, half of it is dense"},
 }
+
+
+def _ascend_910b_row() -> dict[str, Any]:
+    """The doctor's 910B datasheet row (doctor/hardware.py ASCEND_910B_PEAK): the doctor's folder imports without
+    this file, so the figure lives there and this table reads it."""
+    if __package__:
+        from .doctor.hardware import ASCEND_910B_PEAK
+    else:  # copied beside its siblings as plain files (the doctor/ folder beside this one)
+        from doctor.hardware import ASCEND_910B_PEAK
+    return ASCEND_910B_PEAK
+
+
+class _Datasheets(dict):
+    """DATASHEET_PEAK_FLOPS: a dict of the rows above, in their order, the 910B's read from the doctor on first
+    use (so this module imports without the doctor/ folder; only that row needs it)."""
+
+    def _fill(self) -> None:
+        if dict.__len__(self) < len(_DATASHEET_ROWS):
+            rows = {k: (v if v is not None else _ascend_910b_row()) for k, v in _DATASHEET_ROWS.items()}
+            dict.clear(self)
+            dict.update(self, rows)
+
+    def __missing__(self, name: str) -> dict[str, Any]:
+        if name not in _DATASHEET_ROWS:
+            raise KeyError(name)
+        self._fill()
+        return dict.__getitem__(self, name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in _DATASHEET_ROWS
+
+    def __iter__(self):
+        return iter(_DATASHEET_ROWS)
+
+    def __len__(self) -> int:
+        return len(_DATASHEET_ROWS)
+
+    def keys(self):
+        return _DATASHEET_ROWS.keys()
+
+    def values(self):
+        self._fill()
+        return dict.values(self)
+
+    def items(self):
+        self._fill()
+        return dict.items(self)
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
+
+    def copy(self) -> dict[str, dict[str, Any]]:
+        self._fill()
+        return dict(dict.items(self))
+
+    def __repr__(self) -> str:
+        self._fill()
+        return dict.__repr__(self)
+
+    def __eq__(self, other: object) -> bool:
+        self._fill()
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+DATASHEET_PEAK_FLOPS: dict[str, dict[str, Any]] = _Datasheets(
+    {k: v for k, v in _DATASHEET_ROWS.items() if v is not None})
 
 
 # --- what the CPU says about itself ---
@@ -103,6 +174,23 @@ def fp32_fma_lanes(info: dict[str, Any]) -> tuple[int, str]:
     return (8, "AVX2+FMA") if "fma" in flags else (4, "SSE")
 
 
+def cpu_peak_flops(cores: int, mhz: float, info: dict[str, Any], fma_units: int = 2) -> tuple[float, int, str, int]:
+    """The CPU's float32 peak, the one formula every CPU peak here uses: cores x clock x FLOP/cycle, with
+    FLOP/cycle = fp32 lanes per FMA unit (`fp32_fma_lanes(info)`) x 2 (an FMA is a multiply and an add) x
+    `fma_units`. Returns (FLOP/s, lanes, vector ISA, FLOP/cycle); `mhz` is the caller's clock (nominal in
+    `theoretical_peak_flops`, the maximum in `hardware_peak_flops` and the doctor's "cpu" profile).
+
+    Example:
+        >>> cpu_peak_flops(2, 1000.0, {"flags": {"fma"}})
+        (32000000000.0, 8, 'AVX2+FMA', 32)
+
+    No notebook: the formula behind hardware_peak_flops (taught in notebooks/00_environment.ipynb).
+    """
+    lanes, isa = fp32_fma_lanes(info)
+    per_cycle = lanes * 2 * fma_units
+    return cores * mhz * 1e6 * per_cycle, lanes, isa, per_cycle
+
+
 def theoretical_peak_flops(verbose: bool = True, fma_units: int = 2) -> float:
     """cores x clock x FLOP/cycle for float32, from what the CPU reports; prints its assumptions.
 
@@ -115,12 +203,10 @@ def theoretical_peak_flops(verbose: bool = True, fma_units: int = 2) -> float:
     """
     info = cpu_info()
     mhz = info["mhz"]
-    lanes, isa = fp32_fma_lanes(info)
     if not mhz:
         raise ValueError("theoretical_peak_flops: no clock in /proc/cpuinfo; fix: use peak_flops() (measured) "
                          "or a DATASHEET_PEAK_FLOPS entry")
-    per_cycle = lanes * 2 * fma_units
-    value = info["threads"] * mhz * 1e6 * per_cycle
+    value, lanes, isa, per_cycle = cpu_peak_flops(info["threads"], mhz, info, fma_units)
     if verbose:
         print(f"theoretical fp32 peak = {info['threads']} cores x {mhz / 1e3:.2f} GHz x {per_cycle} FLOP/cycle "
               f"({isa}: {lanes} lanes x 2 for FMA x {fma_units} FMA units) = {value / 1e9:.0f} GFLOP/s\n"
@@ -276,9 +362,7 @@ def hardware_peak_flops(dtype: str = "float32", *, device: str | None = None, ve
     mhz, where = max_clock_mhz()
     if not mhz:
         raise ValueError("hardware_peak_flops: the CPU reports no clock; fix: pass device= with a datasheet entry")
-    lanes, isa = fp32_fma_lanes(info)
-    per_cycle = lanes * 2 * fma_units
-    theory = info["threads"] * mhz * 1e6 * per_cycle
+    theory, lanes, isa, per_cycle = cpu_peak_flops(info["threads"], mhz, info, fma_units)
     rec = peak_flops_record(dtype)
     measured = float(rec["flops"]) if rec and isinstance(rec.get("flops"), (int, float)) else None
     value = max(theory, measured or 0.0)

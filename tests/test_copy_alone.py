@@ -251,6 +251,9 @@ CALLS: dict[str, str] = {
         assert m.max_clock_mhz()[0] > 0 and m.fp32_fma_lanes({"flags": {"fma"}})[0] == 8
         assert m.measured_clock_mhz()[0] is None or m.measured_clock_mhz()[0] > 100
         assert m.hardware_peak_flops() >= 1e11                 # never below the measured peak
+        assert m.cpu_peak_flops(2, 1000.0, {"flags": {"fma"}}) == (32e9, 8, "AVX2+FMA", 32)
+        assert m.hardware_peak_flops("bfloat16", device="NVIDIA A100 SXM") == 312e12
+        assert "Ascend 910B" in m.DATASHEET_PEAK_FLOPS         # listed alone; its row is read from doctor/ on use
         assert "mindspore" not in sys.modules
     """,
     "model": """
@@ -285,8 +288,9 @@ CALLS: dict[str, str] = {
         assert isinstance(fit, m.AlphaBetaFit)
     """,
     "hardware": """
-        hw = m.Hardware.reference("a100-sxm")                  # the NVIDIA profiles need no doctor
-        assert hw.intra_node_bytes_per_s > 0 and "ascend-910b" in m.REFERENCE_HARDWARE
+        hw = m.Hardware(peak_flops_per_device=1e12, intra_node_bytes_per_s=2e9, inter_node_bytes_per_s=1e9)
+        assert hw.table()[0]["value"] == 1e12 and "a100-sxm" in m.REFERENCE_HARDWARE
+        assert "ascend-910b" in m.REFERENCE_HARDWARE           # listed alone; made from peak.py / doctor/ on use
     """,
     "mindformers_yaml": """
         from types import SimpleNamespace
@@ -441,6 +445,8 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
         d = {"model": {"model_config": dict(hidden_size=256, num_layers=4, num_heads=4, vocab_size=1024,
                                             seq_length=128)}, "context": {"max_device_memory": "1GB"}}
         assert m.memory_per_stage(m.read_config(d))["fits"] is True"""),
+    ("peak", "hardware_peak_flops"): (("doctor",), """
+        assert m.hardware_peak_flops("bfloat16", device="Ascend 910B") == 353.9e12   # the doctor's 910B row"""),
     ("doctor", "mini_config"): (("config",), "assert m.param_count(m.mini_config()) > 3e6"),
     ("doctor", "cpu_hardware"): (("peak",), """
         hw = m.cpu_hardware(2, alpha_beta=(1e-3, 1e8), peak=2e11)
@@ -493,11 +499,13 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
         import parallel
         lay = parallel.make_layout(Cfg(), 1, 1, 2, 4, global_batch=8)
         assert m.stage_activation_bytes(lay)["bytes"] > 0"""),
-    ("collectives", "collective_time"): (("doctor", "hardware"), """
+    ("collectives", "collective_time"): (("doctor", "hardware", "peak"), """
         import hardware
         assert m.collective_time("all_reduce", 1e6, 8, hardware.Hardware.reference("a100-sxm")) > 0"""),
     ("collectives", "measure_collectives"): (("launch", "workers"), ""),
-    ("hardware", "Hardware"): (("doctor", "collectives"), """
+    # the NVIDIA profiles' peaks are peak.py's datasheet figures; "ascend-910b" is the doctor's profile
+    ("hardware", "Hardware"): (("doctor", "collectives", "peak"), """
+        assert m.Hardware.reference("a100-sxm").peak_flops_per_device == 312e12
         assert m.Hardware.reference("ascend-910b").to_doctor()[0].devices_per_node == 8
         rows = [{"op": "all_reduce", "bytes": b, "seconds": 1e-5 + b / 1e9, "ranks": 2} for b in (1e3, 1e5, 1e7)]
         assert m.Hardware.from_measurement(rows, peak_flops_per_device=1e11).devices_per_node == 2"""),

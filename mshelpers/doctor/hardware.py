@@ -9,11 +9,20 @@ from .describe import DoctorError
 
 _MSMODELING = ("Huawei Ascend/msmodeling, tensor_cast/device.py (commit 1e5a50b1), "
                "https://github.com/Ascend/msmodeling/blob/1e5a50b1a025a6658a277aa963c87691dc279f4f/tensor_cast/device.py")
+# The Ascend 910B's datasheet peak, the one place it is typed: the Atlas A2 profiles below are built from it and
+# peak.DATASHEET_PEAK_FLOPS["Ascend 910B"] is this row (peak.py reads it from here: this folder imports without
+# peak.py beside it, so the figure cannot live there).
+ASCEND_910B_PEAK: dict = {"float16": 376e12, "bfloat16": 353.9e12,
+                          "source": "Huawei Ascend/msmodeling device profile ATLAS_800_A2_376T_64G (tensor_cast/"
+                                    "device.py, commit 1e5a50b1; mindformers publishes no constant). The same file "
+                                    "lists 313T and 280T bins of the card: check your SKU, and measure with "
+                                    "peak_flops() on the NPU"}
+_FP16, _BF16 = (f"{ASCEND_910B_PEAK[k] / 1e12:g}e12" for k in ("float16", "bfloat16"))
 _A2_SOURCES = {
-    "peak": f"ATLAS_800_A2_376T_64G mma_ops: float16 376e12, bfloat16 353.9e12 FLOP/s; {_MSMODELING}. "
+    "peak": f"ATLAS_800_A2_376T_64G mma_ops: float16 {_FP16}, bfloat16 {_BF16} FLOP/s; {_MSMODELING}. "
             "The 313T and 280T bins of the same profile list give MFU x 376/313 or x 376/280. Consistency check: "
             "MindSpore's performance guide quotes 53% MFU for Llama 2 7B at 4820 tokens/s/p, and "
-            "6N x 4820 / 376e12 = 52%",
+            f"6N x 4820 / {_FP16} = 52%",
     "hbm": f"memory_bandwidth_bytes_ps 1.6 TiB/s, memory_efficiency 0.6 (msmodeling: 'need to calibrate'); {_MSMODELING}",
     "intra": f"A2_INTERCONNECT full mesh 196e9 B/s per device, latency 0.5 us; {_MSMODELING}. Read as the "
              "per-device bandwidth of a collective over any group inside the node (stored as 7 links of 28e9 B/s); "
@@ -45,7 +54,8 @@ class DoctorHardware:
         return self.peak_flops.get(dtype) or self.peak_flops["float16"]
 
 
-_A2 = dict(peak_flops={"float16": 376e12, "bfloat16": 353.9e12, "float32": 99.5e12},
+_A2 = dict(peak_flops={"float16": ASCEND_910B_PEAK["float16"], "bfloat16": ASCEND_910B_PEAK["bfloat16"],
+                       "float32": 99.5e12},
            hbm_bytes_per_s=0.6 * 1.6 * 2**40, intra_link_bytes_per_s=196e9 / 7, links_per_device=7,
            inter_bytes_per_s=25e9, devices_per_node=8, intra_latency_s=0.5e-6, inter_latency_s=1.5e-6,
            memory_bytes=64 * 2**30)
@@ -61,31 +71,31 @@ HARDWARE_NAMES = ("atlas-800t-a2", "atlas-900-a2-podc", "cpu")
 
 
 def hardware(name: str = "atlas-800t-a2") -> DoctorHardware:
-    """The named profile. "cpu" is this machine: theoretical peak = cores x max clock (peak.max_clock_mhz) x
-    FLOP/cycle (fp32 lanes per FMA unit, peak.fp32_fma_lanes, x 2 for FMA x 2 FMA units), memory = MemTotal;
+    """The named profile. "cpu" is this machine: theoretical peak = peak.cpu_peak_flops over os.cpu_count() cores
+    at the max clock (peak.max_clock_mhz): FLOP/cycle = fp32 lanes per FMA unit (peak.fp32_fma_lanes) x 2 for FMA
+    x 2 FMA units, the formula and clock of peak.hardware_peak_flops; memory = MemTotal;
     its links are not modelled (one node)."""
     if name in HARDWARE:
         return HARDWARE[name]
     if name != "cpu":
         raise DoctorError("--hardware", name, f"use one of {', '.join(HARDWARE_NAMES)}")
     if "." in __package__:
-        from ..peak import cpu_info, fp32_fma_lanes, max_clock_mhz
+        from ..peak import cpu_info, cpu_peak_flops, max_clock_mhz
     else:  # the doctor/ folder copied beside its siblings as plain files
-        from peak import cpu_info, fp32_fma_lanes, max_clock_mhz
+        from peak import cpu_info, cpu_peak_flops, max_clock_mhz
     mhz, where = max_clock_mhz()
     info = cpu_info()
-    lanes, isa = fp32_fma_lanes(info)      # 8 on Zen 4, whose AVX-512 runs on 256-bit units
     cores = os.cpu_count() or 1
     if not mhz:
         raise DoctorError("--hardware", name, "this machine reports no clock; pass an Ascend profile")
-    peak = cores * mhz * 1e6 * lanes * 2 * 2
+    peak, lanes, isa, per_cycle = cpu_peak_flops(cores, mhz, info)     # lanes: 8 on Zen 4 (256-bit AVX-512 units)
     mem = 0
     try:
         with open("/proc/meminfo") as f:
             mem = int(next(line for line in f if line.startswith("MemTotal")).split()[1]) * 1024
     except (OSError, StopIteration, ValueError):
         mem = 8 * 2**30
-    src = (f"theoretical: {cores} cores x {mhz / 1e3:.2f} GHz ({where}) x {lanes * 4} FLOP/cycle "
+    src = (f"theoretical: {cores} cores x {mhz / 1e3:.2f} GHz ({where}) x {per_cycle} FLOP/cycle "
            f"({isa}: {lanes} fp32 lanes x 2 (FMA) x 2 FMA units); {info.get('cpu_model')}")
     return DoctorHardware(name=f"this machine ({info.get('cpu_model')})", peak_flops={"float32": peak,
                           "float16": peak, "bfloat16": peak}, hbm_bytes_per_s=20e9, intra_link_bytes_per_s=1e9,
