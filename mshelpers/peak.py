@@ -182,7 +182,7 @@ def cpu_peak_flops(cores: int, mhz: float, info: dict[str, Any], fma_units: int 
 
     Example:
         >>> cpu_peak_flops(2, 1000.0, {"flags": {"fma"}})
-        (32000000000.0, 8, 'AVX2+FMA', 32)
+        (64000000000.0, 8, 'AVX2+FMA', 32)
 
     No notebook: the formula behind hardware_peak_flops (taught in notebooks/00_environment.ipynb).
     """
