@@ -227,3 +227,21 @@ def test_to_doctor_carries_each_changed_figure_back_into_the_profile():
     assert (hw.name, hw.sources, hw.intra_link_bytes_per_s, hw.peak_flops) == (
         "P", {"peak_flops_per_device": "S"}, 2.0, {"float16": 10.0, "bfloat16": 10.0, "float32": 10.0})
     assert (cal.compute_efficiency, cal.comm_time_factor) == (0.5, 1.0)
+
+
+def test_each_datasheet_figure_is_typed_once():
+    """issue 58: peak's table is the one datasheet table; its 910B row is the doctor's own object, and the CPU
+    peak of the doctor's profile is peak.cpu_peak_flops on the clock hardware_peak_flops uses."""
+    import os
+    from mshelpers import doctor, peak
+    from mshelpers.doctor.hardware import ASCEND_910B_PEAK
+    table = peak.DATASHEET_PEAK_FLOPS
+    assert list(table) == list(table.keys()) == [k for k, _ in table.items()] == \
+        ["Ascend 910A", "Ascend 910B", "NVIDIA A100 SXM", "NVIDIA H100 SXM"]
+    assert table["Ascend 910B"] is ASCEND_910B_PEAK and table.get("Ascend 910B") is ASCEND_910B_PEAK
+    for name in ("atlas-800t-a2", "atlas-900-a2-podc"):
+        hw = doctor.hardware(name)
+        assert (hw.peak("float16"), hw.peak("bfloat16")) == (376e12, 353.9e12)
+    cpu = doctor.hardware("cpu")
+    mhz, _ = peak.max_clock_mhz()
+    assert cpu.peak("float32") == peak.cpu_peak_flops(os.cpu_count() or 1, mhz, peak.cpu_info())[0]
