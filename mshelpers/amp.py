@@ -65,6 +65,8 @@ def to_bfloat16(x: Any) -> np.ndarray:
     Example:
         >>> to_bfloat16([1.0, 70000.0, 3.0e38]).tolist()
         [1.0, 70144.0, 3.00405527047391e+38]
+
+    Taught in notebooks/03_mixed_precision.ipynb.
     """
     a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
     bits = a.view(np.uint32).astype(np.uint64)
@@ -82,6 +84,7 @@ def number_formats() -> list[dict]:
     """float32, float16 and bfloat16 side by side: bit layout, largest finite value, smallest
     normal value and machine epsilon (gap from 1.0 to the next value). float32/float16 come
     from `np.finfo`; bfloat16 from its bit patterns (0x7F7F, 0x0080, 0x3F81 - 0x3F80).
+    Taught in notebooks/03_mixed_precision.ipynb.
     """
     rows = []
     for name, dt in (("float32", np.float32), ("float16", np.float16)):
@@ -157,6 +160,7 @@ def auto_mixed_precision(net: Any, level: str, workdir: str | None = None) -> An
     Level O1 rewrites the network's source and saves it under ./rewritten_network of the
     current directory, where the graph compiler later reads it; running the rewrite in a build
     folder keeps those files out of the notebook folder.
+    Taught in notebooks/03_mixed_precision.ipynb.
     """
     import contextlib
     import os
@@ -195,6 +199,8 @@ def activation_stats(net: Any, *inputs: Any) -> list[dict]:
         [('0', 'Dense', False, True), ('1', 'ReLU', False, False), ('2', 'Dense', False, False), ('', 'SequentialCell', False, True)]
         >>> [r["cell"] for r in rows if not r["finite"]][:1]
         ['0']
+
+    Taught in notebooks/03_mixed_precision.ipynb.
     """
     _check_net_and_inputs("activation_stats", net, inputs)
     names = {id(c): n for n, c in net.cells_and_names()}
@@ -227,7 +233,8 @@ class NonfiniteReport(NamedTuple):
     """What `find_first_nonfinite(..., grads=True)` found: the sub-cell where the forward pass first
     turned non-finite, and the first parameter (walking back from the loss) whose gradient is
     non-finite. Either is None when everything is finite. When the forward is already non-finite,
-    every gradient is downstream of it, so `param` is None and `note` says so."""
+    every gradient is downstream of it, so `param` is None and `note` says so.
+    Taught with the rest of amp.py in notebooks/03_mixed_precision.ipynb."""
     cell: str | None
     param: str | None
     note: str | None = None
@@ -282,6 +289,8 @@ def find_first_nonfinite(net: Any, *inputs: Any, grads: bool = False) -> str | N
         "the forward pass is already non-finite at '0': every gradient depends on it, so no parameter is named; fix the forward first"
         >>> find_first_nonfinite(net, ms.Tensor(np.ones((2, 4), np.float32)), grads=True)
         NonfiniteReport(cell=None, param=None, note=None)
+
+    Taught in notebooks/03_mixed_precision.ipynb.
     """
     _check_net_and_inputs("find_first_nonfinite", net, inputs)
     if not isinstance(grads, bool):
@@ -307,7 +316,8 @@ def _share(counter: Counter) -> str:
 @dataclass
 class DtypeReport:
     """Parameter dtypes (weighted by element count) and activation dtypes (one vote per
-    sub-cell output). `summary()` gives one table row; `per_cell` the detail."""
+    sub-cell output). `summary()` gives one table row; `per_cell` the detail.
+    Taught with the rest of amp.py in notebooks/03_mixed_precision.ipynb."""
     param_elements: Counter = field(default_factory=Counter)
     activation_outputs: Counter = field(default_factory=Counter)
     per_cell: list[dict] = field(default_factory=list)
@@ -330,6 +340,8 @@ def dtype_report(net: Any, *inputs: Any) -> DtypeReport:
         >>> _ = net[2].to_float(ms.float16)
         >>> dtype_report(net, ms.Tensor(np.ones((2, 4), np.float32))).summary()
         {'param dtypes': 'float32 100%', 'activation dtypes': 'float32 67%, float16 33%'}
+
+    Taught in notebooks/03_mixed_precision.ipynb.
     """
     from mindspore import nn
 
@@ -348,6 +360,8 @@ def dtype_report(net: Any, *inputs: Any) -> DtypeReport:
 
 # -------------------------------------------------- loss-scaled train step
 class ScaledStepResult(NamedTuple):
+    """One scaled step: its loss, whether every gradient was finite, the loss scale after it and the gradient norm.
+    Taught with the rest of amp.py in notebooks/03_mixed_precision.ipynb."""
     loss: float
     finite: bool
     scale: float
@@ -476,6 +490,8 @@ def amp_level_run(level: str, preset: str = "mini", steps: int = 4, seed: int = 
         ValueError: amp_level_run: level='O4' is invalid; fix: use one of ('O0', 'O1', 'O2', 'O3')
         >>> r = run_isolated(amp_level_run, "O2", steps=4)  # spawns a process that compiles and trains mini  # doctest: +SKIP
         >>> r.value["median step (ms)"], r.peak_rss_mb      # needs r from the skipped line above  # doctest: +SKIP
+
+    Taught in notebooks/03_mixed_precision.ipynb.
     """
     if __package__:
         from .config import AMP_LEVELS, RunConfig, build_dir

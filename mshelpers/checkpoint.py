@@ -341,15 +341,18 @@ def latest_good(ckpt_dir: str | os.PathLike, run_id: str | None = None,
 
 # --- a run's folder: its lock, and a previous run moved aside ---
 class NothingToResume(RuntimeError):
-    """--resume found checkpoints but none it may continue (all corrupt, or another run's)."""
+    """--resume found checkpoints but none it may continue (all corrupt, or another run's).
+    Taught with the rest of checkpoint.py in notebooks/10_stability.ipynb."""
 
 
 class RunLocked(RuntimeError):
-    """Another process holds the run folder."""
+    """Another process holds the run folder.
+    Taught with the rest of checkpoint.py in notebooks/10_stability.ipynb."""
 
 
 class Preempted(RuntimeError):
-    """SIGTERM or SIGINT stopped the run; the state after the last completed step was saved."""
+    """SIGTERM or SIGINT stopped the run; the state after the last completed step was saved.
+    Taught in: no notebook; train.py, train_cli.py call it."""
 
     def __init__(self, msg: str, signo: int) -> None:
         super().__init__(msg)

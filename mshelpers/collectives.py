@@ -48,6 +48,7 @@ def ring_allgather_bytes(output_bytes: int, group_size: int) -> int:
         500
 
     Taught beside ring_allreduce_bytes in notebooks/05_semi_auto_parallel.ipynb.
+    Taught with the rest of collectives.py in notebooks/04_data_parallel.ipynb.
     """
     group_size = _pos("ring_allgather_bytes", "group_size", group_size)
     return round((group_size - 1) * output_bytes / group_size)

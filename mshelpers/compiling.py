@@ -41,7 +41,8 @@ JIT_LEVELS = ("O0", "O1")
 
 
 def bucket_length(n: int, buckets: Sequence[int]) -> int:
-    """The smallest bucket >= n. A graph compiled per bucket covers every length up to it."""
+    """The smallest bucket >= n. A graph compiled per bucket covers every length up to it.
+    Taught with the rest of compiling.py in notebooks/02_graph_mode.ipynb."""
     if not buckets or sorted(buckets) != list(buckets) or any(b <= 0 for b in buckets):
         raise ValueError(f"bucket_length: buckets={buckets!r} must be positive and ascending, e.g. (64, 128)")
     for b in buckets:
@@ -56,6 +57,7 @@ def pad_to_bucket(batch: np.ndarray, buckets: Sequence[int], pad_id: int = 0) ->
 
     mindformers' LLaMA masks pad_token_id out of the loss, so padding changes the shape the
     graph sees, not what it learns from.
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     if batch.ndim != 2:
         raise ValueError(f"pad_to_bucket: batch has shape {batch.shape}; fix: pass a 2-D (batch, length) array")
@@ -72,6 +74,7 @@ def shape_sweep(step: Callable[[Any], Any], batches: Iterable[Any], factor: floa
     whose shape had been seen before (steady calls). Rows: {"call", "shape", "new_shape",
     "time_s", "compiled"}. `step` must block until done (return something with .asnumpy()
     or a Python number).
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     rows, seen = [], set()
     for i, x in enumerate(batches, 1):
@@ -100,6 +103,7 @@ def first_steps(preset: str = "mini", steps: int = 3, jit_level: str = "O0", see
     Run it through `run_isolated` (fresh process): the compile cache
     (MS_COMPILER_CACHE_ENABLE / MS_COMPILER_CACHE_PATH) is read at start-up, and a second
     compile in the same process would hit MindSpore's in-memory graph cache.
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     if jit_level not in JIT_LEVELS:
         raise ValueError(f"first_steps: jit_level={jit_level!r} is invalid; fix: use one of {JIT_LEVELS}")
@@ -147,6 +151,7 @@ def capture_compile_error(fn: Callable[..., Any], *args: Any, workdir: str | Non
 
     MindSpore writes analyze_fail.ir under ./rank_0/om of the current directory, so the call
     runs inside `workdir` (default build/compile_errors) to keep the notebook folder clean.
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     import contextlib
     import os
@@ -184,6 +189,7 @@ def ir_dump_env(ir_dir: Any) -> dict:
 
     MS_DEV_SAVE_GRAPHS=1 with MS_DEV_DUMP_IR_PASSES=actor_set writes the runtime's actor set (a few
     MB) instead of every compile pass (hundreds of MB, and a 5x slower first step).
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     return {"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_SAVE_GRAPHS_PATH": str(ir_dir), "MS_DEV_DUMP_IR_PASSES": "actor_set"}
 
@@ -197,6 +203,7 @@ def count_kernels(ir_dir: Any) -> dict:
     runtime's scheduling units, not kernels, and are not counted. Kernels whose type starts with
     `GraphKernel_` are fusions made by graph-kernel fusion (AKG on CPU).
     Returns {"file", "kernels", "fused_kernels", "by_type": {type: count}, most frequent first}.
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     import re
     from collections import Counter
@@ -221,6 +228,7 @@ def fusion_steps(preset: str = "tiny", steps: int = 4, jit_level: str = "O0", se
     (e.g. "--opt_level=1") to switch graph-kernel fusion on. Old IR in `ir_dir` is removed first.
     Meant for a fresh process only: it changes the working folder and sends the process's
     stdout/stderr to <ir_dir>/output.log.
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     import os
     import shutil

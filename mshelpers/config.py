@@ -30,7 +30,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 def repo_root(start: str | os.PathLike | None = None) -> Path:
-    """The cookbook's root (the folder holding pyproject.toml), or the cwd if none is found."""
+    """The cookbook's root (the folder holding pyproject.toml), or the cwd if none is found.
+    Taught in notebooks/06_recompute_memory.ipynb."""
     here = Path(start or os.getcwd()).resolve()
     for p in (here, *here.parents):
         if (p / "pyproject.toml").exists() and (p / "mshelpers").is_dir():
@@ -39,7 +40,8 @@ def repo_root(start: str | os.PathLike | None = None) -> Path:
 
 
 def build_dir(*parts: str) -> Path:
-    """`<repo>/build/<parts...>`, created on demand. `MSHELPERS_BUILD` overrides the root."""
+    """`<repo>/build/<parts...>`, created on demand. `MSHELPERS_BUILD` overrides the root.
+    Taught in notebooks/01_pynative_baseline.ipynb."""
     root = Path(os.environ.get("MSHELPERS_BUILD") or repo_root() / "build")
     p = root.joinpath(*parts)
     p.mkdir(parents=True, exist_ok=True)
@@ -48,7 +50,8 @@ def build_dir(*parts: str) -> Path:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything one training run needs. Sizes follow mindformers' LlamaConfig names."""
+    """Everything one training run needs. Sizes follow mindformers' LlamaConfig names.
+    Taught in notebooks/00_environment.ipynb."""
 
     name: str = "mini"
     # model

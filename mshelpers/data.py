@@ -39,6 +39,7 @@ class MarkovSource:
     Successors are drawn with Zipf-like popularity (exponent `zipf`), so a few tokens
     are common: a model first learns the unigram frequencies (a quick, visible drop of
     the loss) and then the transitions (a slow approach to the floor).
+    Taught with the rest of data.py in notebooks/01_pynative_baseline.ipynb.
     """
     vocab_size: int = 1024
     branching: int = 8
@@ -99,16 +100,20 @@ class MarkovSource:
 
 
 def entropy_floor(vocab_size: int = 1024, branching: int = 8, zipf: float = 1.1, seed: int = 0) -> float:
-    """Entropy rate (nats/token) of the default synthetic corpus; see MarkovSource."""
+    """Entropy rate (nats/token) of the default synthetic corpus; see MarkovSource.
+    Taught in notebooks/01_pynative_baseline.ipynb."""
     return MarkovSource(vocab_size, branching, zipf, seed).entropy_floor()
 
 
 def corpus_path(vocab_size: int, seed: int) -> Path:
+    """Where the Markov corpus of this vocabulary and seed is cached (data/).
+    Taught with the rest of data.py in notebooks/01_pynative_baseline.ipynb."""
     return DATA_DIR / f"markov_v{vocab_size}_s{seed}.npy"
 
 
 def corpus_tokens(vocab_size: int = 1024, n_tokens: int = 200_000, seed: int = 0) -> np.ndarray:
-    """The synthetic corpus: the committed file in data/ when it matches, else generated."""
+    """The synthetic corpus: the committed file in data/ when it matches, else generated.
+    Taught with the rest of data.py in notebooks/01_pynative_baseline.ipynb."""
     p = corpus_path(vocab_size, seed)
     if p.exists():
         toks = np.load(p).astype(np.int32)
@@ -118,7 +123,8 @@ def corpus_tokens(vocab_size: int = 1024, n_tokens: int = 200_000, seed: int = 0
 
 
 def text_tokens(path: str | os.PathLike) -> np.ndarray:
-    """Byte-level tokens (0..255) of a text file: no tokenizer needed."""
+    """Byte-level tokens (0..255) of a text file: no tokenizer needed.
+    Taught in notebooks/10_stability.ipynb."""
     data = Path(path).read_bytes()
     if len(data) < 2:
         raise ValueError(f"text_tokens: {path} holds {len(data)} bytes; fix: use a file with some text")
@@ -143,6 +149,7 @@ def windows(cfg, n_windows: int | None = None) -> np.ndarray:
       its own: block 0 with cfg.seed, block b with (cfg.seed, b). A longer run only appends blocks.
     - A text file's windows are shuffled once with cfg.seed.
     Runs with different seeds see different orders of the same corpus.
+    Taught in notebooks/04_data_parallel.ipynb.
     """
     L = cfg.seq_len + 1
     need = n_windows or cfg.steps * cfg.batch_size * cfg.grad_accum
@@ -170,7 +177,8 @@ def windows(cfg, n_windows: int | None = None) -> np.ndarray:
 
 def n_windows_available(cfg) -> int:
     """How many windows the data can hold at most (without building them): a text file's size // (seq_len+1),
-    or the synthetic corpus at its largest."""
+    or the synthetic corpus at its largest.
+    Taught with the rest of data.py in notebooks/01_pynative_baseline.ipynb."""
     L = cfg.seq_len + 1
     if cfg.data == "markov":
         return MAX_BLOCKS * _block_windows(cfg)
@@ -179,7 +187,8 @@ def n_windows_available(cfg) -> int:
 
 def check_fits(cfg) -> None:
     """Refuse a batch larger than the data can fill (it would be cut short silently, every step the same
-    rows): one ValueError naming the field, the value and the fix. Reads only the file's size."""
+    rows): one ValueError naming the field, the value and the fix. Reads only the file's size.
+    Taught in: no notebook; train.py, train_cli.py call it."""
     per_step = cfg.batch_size * cfg.grad_accum
     have = n_windows_available(cfg)
     if per_step > have:
@@ -191,7 +200,8 @@ def check_fits(cfg) -> None:
 
 def data_id(cfg) -> str:
     """What the data is, for a run's identity: the synthetic corpus by its generator parameters, a text file
-    by its size and the SHA-256 of its bytes. A file replaced under the same path gets another id."""
+    by its size and the SHA-256 of its bytes. A file replaced under the same path gets another id.
+    Taught in: no notebook; train_cli.py calls it."""
     if cfg.data == "markov":
         src = MarkovSource(vocab_size=cfg.vocab_size)
         return (f"markov vocab {src.vocab_size} branching {src.branching} zipf {src.zipf} seed {src.seed} "
@@ -216,7 +226,8 @@ def _check_shards(fn: str, cfg, num_shards: int, shard_id: int) -> None:
 
 
 def numpy_batches(cfg, num_shards: int = 1, shard_id: int = 0) -> Iterator[np.ndarray]:
-    """Endless iterator of (batch_size/num_shards, seq_len+1) int32 batches for one rank."""
+    """Endless iterator of (batch_size/num_shards, seq_len+1) int32 batches for one rank.
+    Taught in notebooks/03_mixed_precision.ipynb."""
     _check_shards("numpy_batches", cfg, num_shards, shard_id)
     check_fits(cfg)
     w = windows(cfg)[shard_id::num_shards]
@@ -238,6 +249,7 @@ def make_dataset(cfg, num_shards: int = 1, shard_id: int = 0, n_windows: int | N
     holds, not its size (None: the run's steps x batch x grad_accum). The synthetic corpus grows in
     whole blocks of BLOCK_TOKENS // (seq_len+1) windows, so asking for 64 gives one block (1,550
     windows at seq_len 128); a text file's epoch is the whole file. Read the size from the dataset.
+    Taught in notebooks/04_data_parallel.ipynb.
     """
     _check_shards("make_dataset", cfg, num_shards, shard_id)
     import mindspore.dataset as ds

@@ -27,7 +27,8 @@ _MODES = {"graph": 0, "pynative": 1}   # ms.GRAPH_MODE == 0, ms.PYNATIVE_MODE ==
 
 
 class DeviceUnavailable(RuntimeError):
-    """Raised by `require` when this machine lacks the device a cell needs."""
+    """Raised by `require` when this machine lacks the device a cell needs.
+    Taught in notebooks/00_environment.ipynb."""
 
 
 def _available(target: str) -> bool:
@@ -50,6 +51,7 @@ def detect() -> str:
     """The best device MindSpore can use here: "Ascend", then "GPU", else "CPU".
 
     `MSHELPERS_DEVICE=CPU` forces a device (useful to run the CPU path on an Ascend host).
+    Taught in: no notebook; model.py calls it.
     """
     forced = os.environ.get("MSHELPERS_DEVICE")
     if forced:
@@ -63,7 +65,8 @@ def detect() -> str:
 
 
 def require(device: str) -> str:
-    """Return `device` if this machine has it, else raise DeviceUnavailable with a readable reason."""
+    """Return `device` if this machine has it, else raise DeviceUnavailable with a readable reason.
+    Taught in notebooks/00_environment.ipynb."""
     if device not in DEVICES:
         raise ValueError(f"require: device={device!r} is unknown; fix: use one of {DEVICES}")
     have = detect()
@@ -81,6 +84,7 @@ def setup(mode: str = "graph", device: str | None = None, seed: int | None = 0,
     mode: "graph" (whole-graph compile, GRAPH_MODE) or "pynative" (op by op).
     device: None picks `detect()`. Extra keywords go to `ms.set_context`
     (e.g. `jit_config={"jit_level": "O1"}`).
+    Taught in notebooks/00_environment.ipynb.
     """
     if mode not in _MODES:
         raise ValueError(f"setup: mode={mode!r} is invalid; fix: use 'graph' or 'pynative'")
@@ -103,6 +107,7 @@ def setup(mode: str = "graph", device: str | None = None, seed: int | None = 0,
 
 
 def mode_of() -> str:
-    """The current execution mode as "graph" or "pynative"."""
+    """The current execution mode as "graph" or "pynative".
+    Taught with the rest of device.py in notebooks/00_environment.ipynb."""
     import mindspore as ms
     return "graph" if ms.get_context("mode") == 0 else "pynative"

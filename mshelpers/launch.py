@@ -61,7 +61,8 @@ _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 
 
 class MsrunError(RuntimeError):
-    """A rank failed (or msrun timed out). `.result` holds every rank's exit code, log tail and files."""
+    """A rank failed (or msrun timed out). `.result` holds every rank's exit code, log tail and files.
+    Taught with the rest of launch.py in notebooks/04_data_parallel.ipynb."""
 
     def __init__(self, message: str, result: "MsrunResult"):
         super().__init__(message)
@@ -70,7 +71,8 @@ class MsrunError(RuntimeError):
 
 @dataclass
 class RankResult:
-    """What one rank left behind."""
+    """What one rank left behind.
+    Taught with the rest of launch.py in notebooks/04_data_parallel.ipynb."""
     rank: int
     exit_code: int | None          # None: msrun stopped it after another rank failed, so its code is unknown
     log_path: Path
@@ -89,7 +91,8 @@ class RankResult:
 
 @dataclass
 class MsrunResult:
-    """One msrun job: its command, timing and per-rank results (index it by rank)."""
+    """One msrun job: its command, timing and per-rank results (index it by rank).
+    Taught with the rest of launch.py in notebooks/04_data_parallel.ipynb."""
     command: str
     log_dir: Path
     returncode: int
@@ -110,12 +113,14 @@ class MsrunResult:
 
 # ---------------------------------------------------------------- worker side
 def rank_id() -> int:
-    """This process's rank under msrun (RANK_ID, set by msrun before the script starts), else 0."""
+    """This process's rank under msrun (RANK_ID, set by msrun before the script starts), else 0.
+    Taught with the rest of launch.py in notebooks/04_data_parallel.ipynb."""
     return int(os.environ.get("RANK_ID", "0"))
 
 
 def rank_output_dir(rank: int | None = None) -> Path:
-    """The folder this rank writes its outputs to (created). Outside msrun(): build/msrun/standalone/rank_0."""
+    """The folder this rank writes its outputs to (created). Outside msrun(): build/msrun/standalone/rank_0.
+    Taught in: no notebook; workers/dp_train.py calls it."""
     root = os.environ.get(OUT_ROOT_ENV)
     if root is None:
         build_dir = _build_dir
@@ -126,7 +131,8 @@ def rank_output_dir(rank: int | None = None) -> Path:
 
 
 def write_rank_result(result: dict) -> Path:
-    """Write this rank's JSON summary (losses, timings, checksums...); msrun() returns it as `.result`."""
+    """Write this rank's JSON summary (losses, timings, checksums...); msrun() returns it as `.result`.
+    Taught in: no notebook; doctor/cpu_check.py, workers/__init__.py, workers/allreduce_check.py call it."""
     if not isinstance(result, dict):
         raise ValueError(f"write_rank_result: result={type(result).__name__} is not a dict; "
                          "fix: pass a JSON-serialisable dict")
@@ -136,7 +142,8 @@ def write_rank_result(result: dict) -> Path:
 
 
 def report_progress(done: int, total: int) -> None:
-    """Print a PROGRESS line that msrun(progress=...) turns into a progress bar in the notebook."""
+    """Print a PROGRESS line that msrun(progress=...) turns into a progress bar in the notebook.
+    Taught in: no notebook; doctor/cpu_check.py, workers/collectives_bench.py, workers/dp_train.py call it."""
     print(f"{PROGRESS_PREFIX}{done}/{total}", flush=True)
 
 
@@ -152,6 +159,8 @@ def msrun_command(script: str | os.PathLike, workers: int = 2, args: Sequence[st
 
         >>> msrun_command("tp.py", workers=2, master_port=9000)
         'msrun --worker_num=2 --local_worker_num=2 --master_addr=127.0.0.1 --master_port=9000 --log_dir=msrun_log --join=True tp.py'
+
+    Taught in notebooks/04_data_parallel.ipynb.
     """
     local = workers if local_workers is None else local_workers
     _check_counts("msrun_command", workers, local)
@@ -167,7 +176,8 @@ def msrun_command(script: str | os.PathLike, workers: int = 2, args: Sequence[st
 
 
 def free_port() -> int:
-    """A TCP port that is free right now on this machine (msrun's scheduler listens on it)."""
+    """A TCP port that is free right now on this machine (msrun's scheduler listens on it).
+    Taught with the rest of launch.py in notebooks/04_data_parallel.ipynb."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -193,6 +203,8 @@ def worker_env(out_root: str | os.PathLike, env: dict | None = None) -> dict[str
         '2'
         >>> worker_env("/tmp/out", {"X": 1})["MSHELPERS_RANK_OUT_ROOT"]
         '/tmp/out'
+
+    Taught with the rest of launch.py in notebooks/04_data_parallel.ipynb.
     """
     if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) for k in env)):
         raise ValueError(f"worker_env: env={env!r} is invalid; fix: pass a dict of variable names to values, "
@@ -223,6 +235,7 @@ def msrun(script: str | os.PathLike, workers: int = 2, args: Sequence[str] = (),
     A failed rank raises `MsrunError` quoting the first error line of its log; when a
     rank dies, msrun stops the others, and after `grace_s` seconds its scheduler too.
     Does not take /tmp/heavy.lock itself: wrap the notebook or test run in flock instead.
+    Taught in notebooks/04_data_parallel.ipynb.
     """
     script = Path(script).resolve()
     if not script.is_file():

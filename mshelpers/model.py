@@ -34,6 +34,7 @@ def precision_knobs(cfg: RunConfig, device: str = "CPU") -> dict[str, str]:
     The half type is cfg.compute_dtype if that is a half type, else float16. This is the cookbook's mapping onto
     mindformers' fields, not MindSpore's levels: `ms.amp.auto_mixed_precision(net, "O3")` casts every op's inputs
     but leaves the stored parameters float32 (notebook 03 measures both).
+    Taught in notebooks/03_mixed_precision.ipynb.
     """
     half = cfg.compute_dtype if cfg.compute_dtype in HALF else "float16"
     f32 = "float32"
@@ -63,6 +64,7 @@ def quiet_mindformers(level: int | None = logging.ERROR) -> None:
        import); without it this part is skipped.
     2. Raise the existing mindformers loggers to `level` (it prints INFO lines for every model built);
        `level=None` leaves levels alone.
+    Taught in notebooks/11_your_own_model.ipynb.
     """
     import os
     if os.environ.get("LOG_MF_PATH"):
@@ -77,7 +79,8 @@ def quiet_mindformers(level: int | None = logging.ERROR) -> None:
 
 
 def llama_config(cfg: RunConfig, device: str | None = None, **overrides: Any):
-    """A mindformers LlamaConfig for `cfg`. `overrides` go straight to LlamaConfig."""
+    """A mindformers LlamaConfig for `cfg`. `overrides` go straight to LlamaConfig.
+    Taught with the rest of model.py in notebooks/00_environment.ipynb."""
     cfg.validate()
     from mindformers import LlamaConfig
     quiet_mindformers()
@@ -110,7 +113,8 @@ def llama_config(cfg: RunConfig, device: str | None = None, **overrides: Any):
 
 
 def build_model(cfg: RunConfig, device: str | None = None, **overrides: Any):
-    """mindformers LlamaForCausalLM for `cfg`, in training mode (a call returns the loss)."""
+    """mindformers LlamaForCausalLM for `cfg`, in training mode (a call returns the loss).
+    Taught in notebooks/00_environment.ipynb."""
     from mindformers import LlamaForCausalLM
     net = LlamaForCausalLM(config=llama_config(cfg, device, **overrides))  # keyword form: see llama_config
     net.set_train(True)
@@ -118,5 +122,6 @@ def build_model(cfg: RunConfig, device: str | None = None, **overrides: Any):
 
 
 def count_params(net) -> int:
-    """Number of trainable parameter values in a Cell."""
+    """Number of trainable parameter values in a Cell.
+    Taught in notebooks/00_environment.ipynb."""
     return int(sum(p.size for p in net.trainable_params()))

@@ -22,7 +22,8 @@ def _ax(ax):
 
 
 def plot_loss(runs: Mapping[str, Sequence[dict]], floor: float | None = None, ax=None):
-    """Loss per step for each named run, with the data's entropy floor as a dashed line."""
+    """Loss per step for each named run, with the data's entropy floor as a dashed line.
+    Taught in notebooks/01_pynative_baseline.ipynb."""
     ax = _ax(ax)
     for name, rows in runs.items():
         ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label=name)
@@ -34,7 +35,8 @@ def plot_loss(runs: Mapping[str, Sequence[dict]], floor: float | None = None, ax
 
 
 def plot_throughput(runs: Mapping[str, Sequence[dict]], skip_first: int = 1, axes=None):
-    """Tokens/s and MFU per step (the compile step is skipped: it would flatten the plot)."""
+    """Tokens/s and MFU per step (the compile step is skipped: it would flatten the plot).
+    Taught in notebooks/01_pynative_baseline.ipynb."""
     import matplotlib.pyplot as plt
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(10, 3.5))
@@ -51,7 +53,8 @@ def plot_throughput(runs: Mapping[str, Sequence[dict]], skip_first: int = 1, axe
 
 
 def plot_comparison(rows: Sequence[dict], metrics: Sequence[str], label: str = "run", axes=None):
-    """Side-by-side bars: one panel per metric, one bar per run (each row is a run)."""
+    """Side-by-side bars: one panel per metric, one bar per run (each row is a run).
+    Taught with the rest of plots.py in notebooks/01_pynative_baseline.ipynb."""
     import matplotlib.pyplot as plt
     if not rows or not metrics:
         raise ValueError("plot_comparison: rows and metrics must be non-empty; fix: pass run rows and metric names")

@@ -29,7 +29,8 @@ from typing import Any, Sequence
 
 
 class ClaimFailed(AssertionError):
-    """A result sentence whose numbers say it is false. Raised by `claim`; it names the numbers."""
+    """A result sentence whose numbers say it is false. Raised by `claim`; it names the numbers.
+    Taught with the rest of report.py in notebooks/00_environment.ipynb."""
 
 
 def _fmt_number(v: Any) -> str:
@@ -59,6 +60,8 @@ def claim(sentence: str, holds: Any, **numbers_: Any) -> str:
         Traceback (most recent call last):
         ...
         mshelpers.report.ClaimFailed: FALSE: the loss fell  [first=6.9, last=nan]
+
+    Taught in notebooks/00_environment.ipynb.
     """
     if not isinstance(sentence, str) or not sentence.strip():
         raise ValueError(f"claim: sentence={sentence!r} is invalid; fix: pass the result sentence as a str")
@@ -86,7 +89,8 @@ def claim(sentence: str, holds: Any, **numbers_: Any) -> str:
 
 def claim_trained(name: str, losses: Sequence[float], floor: float | None = None) -> str:
     """Claim that a run trained: every loss finite, and the last below the first (and above `floor`,
-    the entropy floor of the data, when given: a loss under the floor means a bug, not learning)."""
+    the entropy floor of the data, when given: a loss under the floor means a bug, not learning).
+    Taught in notebooks/01_pynative_baseline.ipynb."""
     vals = [float(x) for x in losses]
     if len(vals) < 2:
         raise ValueError(f"claim_trained: {name} has {len(vals)} losses; fix: pass at least two steps' losses")
@@ -160,6 +164,8 @@ def claim_timing(base_name: str, base: Sequence[float], cand_name: str, cand: Se
         >>> claim_timing("O0", [100, 104, 102], "O1", [80, 82, 81], expect="undecided")
         undecided beforehand, measured: O1 is faster than O0: median 81 ms (80–82) against 102 ms (100–104), ratio 0.794  [verdict=win; not a claim]
         'win'
+
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     if expect not in EXPECTATIONS:
         raise ValueError(f"claim_timing: expect={expect!r} is invalid; fix: state the verdict expected beforehand, "
@@ -237,6 +243,8 @@ def record_figure(path: str | os.PathLike, name: str, value: float, unit: str, w
         >>> import tempfile, os; p = os.path.join(tempfile.mkdtemp(), "figures.json")
         >>> record_figure(p, "graph step", 183.2, "ms", "02_graph_mode", batch=8)["value"]
         183.2
+
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     import fcntl
     import math as _m
@@ -265,6 +273,8 @@ def quote_figure(path: str | os.PathLike, name: str, here: float | None = None, 
         >>> _ = record_figure(p, "graph step", 183.2, "ms", "02_graph_mode", batch=8)
         >>> _ = quote_figure(p, "graph step", here=208.0, why="the profiler records every step")
         graph step: 183.2 ms, measured once in 02_graph_mode (batch=8); here 208 ms (x1.14): the profiler records every step
+
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     if here is not None and not why:
         raise ValueError(f"quote_figure: {name!r} measured here too ({here}) without a reason; fix: pass why= "
@@ -285,7 +295,8 @@ def quote_figure(path: str | os.PathLike, name: str, here: float | None = None, 
 
 
 def aggregate(runs: dict[str, Sequence[dict]]) -> dict[str, dict[str, tuple[float, float, float]]]:
-    """For each run name and numeric metric: (mean, min, max) over the seeds' summaries."""
+    """For each run name and numeric metric: (mean, min, max) over the seeds' summaries.
+    Taught with the rest of report.py in notebooks/00_environment.ipynb."""
     if not runs:
         raise ValueError("aggregate: runs is empty; fix: pass {name: [summary per seed, ...]}")
     out: dict[str, dict[str, tuple[float, float, float]]] = {}
@@ -310,7 +321,8 @@ def _pm(mean: float, lo: float, hi: float) -> str:
 
 def compare(agg: dict, baseline: str, metrics: Sequence[str]) -> list[dict]:
     """One row per run: each metric as 'mean ± half-range', its ratio to the baseline, and
-    whether the difference exceeds the seed-to-seed spread."""
+    whether the difference exceeds the seed-to-seed spread.
+    Taught with the rest of report.py in notebooks/00_environment.ipynb."""
     if baseline not in agg:
         raise ValueError(f"compare: baseline={baseline!r} is not a run; fix: use one of {list(agg)}")
     missing = [m for m in metrics if m not in agg[baseline]]
@@ -336,6 +348,7 @@ def check_mfu_claim(tokens_per_s: float, flops_per_token: float, n_devices: int,
 
     Returns the per-device peak the claim implies, the MFU the figures give against the
     stated peak, and `consistent` = the two peaks agree within a factor of 1.5.
+    Taught in notebooks/09_evaluation_report.ipynb.
     """
     for name, v in (("tokens_per_s", tokens_per_s), ("flops_per_token", flops_per_token),
                     ("claimed_mfu", claimed_mfu), ("peak_flops_per_device", peak_flops_per_device)):
@@ -352,7 +365,8 @@ def check_mfu_claim(tokens_per_s: float, flops_per_token: float, n_devices: int,
 
 
 def figure_png(fig) -> str:
-    """A matplotlib figure as base64 PNG, for a self-contained HTML report."""
+    """A matplotlib figure as base64 PNG, for a self-contained HTML report.
+    Taught with the rest of report.py in notebooks/00_environment.ipynb."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode()
@@ -375,6 +389,7 @@ def write_report(out_dir: str | os.PathLike, title: str, sections: Sequence[tupl
     machine: one line naming the machine and the MFU peak used (shown under the title).
     sections: (heading, markdown text or markdown table, matplotlib figure or None[, caption]).
     Figures are also saved as PNG next to the Markdown, which links them.
+    Taught in notebooks/09_evaluation_report.ipynb.
     """
     if not sections:
         raise ValueError("write_report: sections is empty; fix: pass (heading, text, figure) tuples")
@@ -423,6 +438,7 @@ def run_summaries(cfg_yaml: str, seeds: Sequence[int], steps: int, csv_dir: str,
     All seeds of a config share one fresh process: the import and first compile are paid
     once, and the process peak is the config's (every seed trains the same shapes).
     Pass one `peak_flops` for all configs so that their MFUs share a denominator.
+    Taught with the rest of report.py in notebooks/00_environment.ipynb.
     """
     if __package__:
         from .config import RunConfig
@@ -443,6 +459,7 @@ def resume_check(cfg: Any, n: int, where: str | os.PathLike) -> dict[str, Any]:
     Give `cfg` a warm-up shorter than n and a dynamic loss scale that overflows at first
     (e.g. loss_scale=2**127 in float32), so the check crosses both a warm-up boundary and
     scale changes before the checkpoint.
+    Taught in notebooks/09_evaluation_report.ipynb.
     """
     import shutil
     if __package__:
@@ -512,6 +529,7 @@ def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_fl
     is kept, one subfolder per graph (the config without seed and name, the context, MindSpore's
     version), so the second seed of a config skips most of its compile. Graph mode with grad_accum = 1 only
     (accumulation's steps are ms.jit functions, unsafe on a warm cache); the resume check compiles uncached.
+    Taught in notebooks/09_evaluation_report.ipynb.
     """
     if __package__:
         from .config import RunConfig
@@ -550,7 +568,8 @@ def ablation_run(cfg_yaml: str, steps: int, csv_dir: str, seed: int = 0, peak_fl
 
 def choose_stack(table: Sequence[dict], layers: dict[str, Sequence[str]], baseline: str) -> tuple[list, dict]:
     """The optimized stack from measured verdicts: a change joins when it wins on some metric
-    and regresses on none. Returns (kept names, {dropped name: reason})."""
+    and regresses on none. Returns (kept names, {dropped name: reason}).
+    Taught in notebooks/09_evaluation_report.ipynb."""
     kept, dropped = [], {}
     for row in table:
         if row["name"] == baseline:

@@ -23,6 +23,8 @@ from mindspore.common.initializer import Normal
 
 
 class RMSNorm(nn.Cell):
+    """Root-mean-square layer norm with a learned scale (the small model's norm).
+    Taught in notebooks/03_mixed_precision.ipynb."""
     def __init__(self, dim, eps=1e-6):
         super().__init__()
         self.weight = ms.Parameter(ms.Tensor(np.ones(dim, np.float32)), name="weight")
@@ -39,6 +41,8 @@ class RMSNorm(nn.Cell):
 
 
 class Block(nn.Cell):
+    """One pre-norm MLP block with a residual: the small model's layer.
+    Taught in notebooks/03_mixed_precision.ipynb."""
     def __init__(self, dim, ffn, init_std):
         super().__init__()
         self.norm = RMSNorm(dim)
@@ -51,7 +55,8 @@ class Block(nn.Cell):
 
 
 class SmallBody(nn.Cell):
-    """Hidden states (batch, T, dim) -> logits (batch, T, vocab): the blocks, final norm and head."""
+    """Hidden states (batch, T, dim) -> logits (batch, T, vocab): the blocks, final norm and head.
+    Taught with the rest of smalllm.py in notebooks/03_mixed_precision.ipynb."""
     def __init__(self, vocab, dim, ffn, layers, init_std):
         super().__init__()
         self.blocks = nn.CellList([Block(dim, ffn, init_std) for _ in range(layers)])
@@ -65,7 +70,8 @@ class SmallBody(nn.Cell):
 
 
 class SmallLM(nn.Cell):
-    """Token ids (batch, T) -> logits (batch, T, vocab)."""
+    """Token ids (batch, T) -> logits (batch, T, vocab).
+    Taught in notebooks/03_mixed_precision.ipynb."""
     def __init__(self, vocab=1024, dim=128, ffn=344, layers=3, init_std=0.02):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim, embedding_table=Normal(init_std))
@@ -76,7 +82,8 @@ class SmallLM(nn.Cell):
 
 
 class NextTokenLoss(nn.Cell):
-    """Cross-entropy in float32, kept outside the AMP-cast network (as Model does with loss_fn)."""
+    """Cross-entropy in float32, kept outside the AMP-cast network (as Model does with loss_fn).
+    Taught in notebooks/03_mixed_precision.ipynb."""
     def __init__(self):
         super().__init__()
         self.ce = nn.CrossEntropyLoss()
@@ -86,7 +93,8 @@ class NextTokenLoss(nn.Cell):
 
 
 class WithNextTokenLoss(nn.Cell):
-    """input_ids (batch, T+1) -> loss, the calling convention of mindformers' LlamaForCausalLM."""
+    """input_ids (batch, T+1) -> loss, the calling convention of mindformers' LlamaForCausalLM.
+    Taught in notebooks/03_mixed_precision.ipynb."""
     def __init__(self, backbone):
         super().__init__()
         self.backbone, self.loss = backbone, NextTokenLoss()

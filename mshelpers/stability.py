@@ -168,7 +168,8 @@ def write_text_corpus(path, n_bytes: int = 200_000, seed: int = 0, poison: float
 
 # --- the spike guard: roll back, skip the batch, redo the step ---
 class SpikeStorm(RuntimeError):
-    """The spike guard rolled back too often in a short span: the run needs a person, not another retry."""
+    """The spike guard rolled back too often in a short span: the run needs a person, not another retry.
+    Taught with the rest of stability.py in notebooks/10_stability.ipynb."""
 
 
 class SpikeGuard:

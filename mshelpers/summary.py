@@ -35,6 +35,7 @@ class ScalarSummary:
 
     Called with a step row (a dict with "step" and any of `keys`), it records those keys at that step.
     Non-finite values are skipped (MindInsight rejects them) and counted in `.skipped`.
+    Taught in notebooks/08_profiling.ipynb.
     """
 
     def __init__(self, summary_dir: str | os.PathLike, keys: tuple[str, ...] = SCALAR_KEYS) -> None:
@@ -80,21 +81,24 @@ class ScalarSummary:
 
 
 def mindinsight_command(summary_base_dir: str | os.PathLike, port: int = 8080) -> list[str]:
-    """`mindinsight start` for a folder whose sub-folders are runs (each written by one SummaryRecord)."""
+    """`mindinsight start` for a folder whose sub-folders are runs (each written by one SummaryRecord).
+    Taught in notebooks/08_profiling.ipynb."""
     if not isinstance(port, int) or not 1 <= port <= 65535:
         raise ValueError(f"mindinsight_command: port={port!r} is invalid; fix: pass 1..65535, e.g. 8080")
     return ["mindinsight", "start", "--port", str(port), "--summary-base-dir", str(summary_base_dir)]
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on right now."""
+    """A TCP port nobody listens on right now.
+    Taught in: no notebook; launch.py calls it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 class MindInsight:
-    """Start MindInsight on a free port for `summary_base_dir`, query its REST API, stop it on exit."""
+    """Start MindInsight on a free port for `summary_base_dir`, query its REST API, stop it on exit.
+    Taught in notebooks/08_profiling.ipynb."""
 
     def __init__(self, summary_base_dir: str | os.PathLike, port: int | None = None,
                  workspace: str | os.PathLike | None = None, timeout_s: float = 90) -> None:

@@ -49,6 +49,7 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None, d
 
     Columns default to the union of keys in first-seen order. Floats get `digits`
     significant digits (or decimals for values >= 1).
+    Taught in notebooks/00_environment.ipynb.
     """
     columns = _columns("markdown_table", rows, columns)
     cells = [[_fmt(r.get(c), digits) for c in columns] for r in rows]
@@ -66,6 +67,8 @@ def html_table(rows: Sequence[dict], columns: Sequence[str] | None = None, digit
 
     >>> html_table([{"run": "graph", "step_ms": 201.5}])
     '<table><thead><tr><th>run</th><th>step_ms</th></tr></thead><tbody><tr><td>graph</td><td>201.5</td></tr></tbody></table>'
+
+    Taught in notebooks/05_semi_auto_parallel.ipynb.
     """
     columns = _columns("html_table", rows, columns)
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
@@ -79,6 +82,7 @@ def append_csv(row: dict, path: str | os.PathLike) -> Path:
 
     New keys that the existing header lacks raise a ValueError rather than silently
     shifting columns.
+    Taught in notebooks/06_recompute_memory.ipynb.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +104,8 @@ def append_csv(row: dict, path: str | os.PathLike) -> Path:
 
 
 def parse_cell(v: str) -> Any:
-    """One CSV cell back to what was written: True/False, int, float, else the string."""
+    """One CSV cell back to what was written: True/False, int, float, else the string.
+    Taught in: no notebook; metrics.py calls it."""
     if v in ("True", "False"):
         return v == "True"
     for t in (int, float):
@@ -112,6 +117,7 @@ def parse_cell(v: str) -> Any:
 
 
 def read_csv(path: str | os.PathLike) -> list[dict]:
-    """Read a CSV written by `append_csv`/`StepLogger`, turning numeric strings back into numbers."""
+    """Read a CSV written by `append_csv`/`StepLogger`, turning numeric strings back into numbers.
+    Taught in notebooks/03_mixed_precision.ipynb."""
     with Path(path).open(newline="") as f:
         return [{k: parse_cell(v) for k, v in r.items()} for r in csv.DictReader(f)]

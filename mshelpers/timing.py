@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 
 class Benchmark:
-    """Time a block: `with Benchmark("graph mode"): ...` prints and keeps `.elapsed` seconds."""
+    """Time a block: `with Benchmark("graph mode"): ...` prints and keeps `.elapsed` seconds.
+    Taught in notebooks/02_graph_mode.ipynb."""
 
     def __init__(self, name: str = "Done", verbose: bool = True) -> None:
         self.name, self.verbose, self.elapsed = name, verbose, float("nan")
@@ -67,6 +68,8 @@ def _rss_mb(field: str = "VmRSS") -> float:
 
 @dataclass
 class IsolatedResult:
+    """What a call run in a fresh child process returned, its wall time there and the child's peak RSS.
+    Taught with the rest of timing.py in notebooks/02_graph_mode.ipynb."""
     value: Any          # what fn returned
     wall_s: float       # wall time of the call inside the child (imports in fn included)
     peak_rss_mb: float  # the child's peak RSS
@@ -199,6 +202,8 @@ def verdict(base: list[float], cand: list[float], higher_is_better: bool = True,
         'within noise'
         >>> verdict([100, 130, 160], [90, 120, 150], higher_is_better=False)
         'too noisy'
+
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     if not base or not cand:
         raise ValueError("verdict: base and cand need at least one value each; fix: run more rounds")
@@ -235,6 +240,8 @@ def aa_band(base: list[float], aa: list[float], rel_floor: float = 0.02) -> floa
         0.0273
         >>> round(aa_band([100, 100, 100, 100, 100], [102, 99, 101, 140, 101]), 4)   # an outlier round changes nothing
         0.0211
+
+    Taught in notebooks/09_evaluation_report.ipynb.
     """
     import math
     _, a = _log_ratios(base, aa, aa, "aa_band")
@@ -272,6 +279,8 @@ def decide(base: list[float], cand: list[float], aa: list[float], higher_is_bett
         'win'
         >>> decide([10, 10, 10], [11, 9, 10.5], [13, 8, 11], higher_is_better=False)[0]
         'too noisy'
+
+    Taught in: no notebook; report.py calls it.
     """
     import math
     import statistics
@@ -291,6 +300,8 @@ def paired_verdict(base: list[float], cand: list[float], aa: list[float], higher
 
         >>> paired_verdict([10, 11, 12], [8, 8.9, 9.5], [10.2, 10.9, 12.1], higher_is_better=False)
         'win'
+
+    Taught with the rest of timing.py in notebooks/02_graph_mode.ipynb.
     """
     return decide(base, cand, aa, higher_is_better, rel_floor)[0]
 
@@ -339,6 +350,7 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         verdict). 0 (the default) runs exactly `rounds`. Not with `seeds` (one seed per round is fixed).
     narrow_to: with budget_s, keep adding rounds also while a watched candidate's band is this wide or wider (e.g.
         0.15: a verdict whose band is under ±15 % says more than one decided at ±40 %), within the same budget.
+    Taught in notebooks/02_graph_mode.ipynb.
     """
     if not candidates:
         raise ValueError("compare_interleaved: candidates is empty; fix: pass {name: fn or (fn, args, kwargs)}")

@@ -92,11 +92,13 @@ def make_train_step(net, optimizer, cfg: RunConfig, loss_scaler=None) -> Callabl
 
 # --- errors and limits ---
 class NonFiniteLoss(RuntimeError):
-    """Training produced a NaN/inf loss (or non-finite weights) without loss scaling to absorb it."""
+    """Training produced a NaN/inf loss (or non-finite weights) without loss scaling to absorb it.
+    Taught with the rest of train.py in notebooks/01_pynative_baseline.ipynb."""
 
 
 class CollapsedRun(RuntimeError):
-    """Training goes on but learns nothing: zero gradients, or the loss pinned at ln(vocab) (uniform guessing)."""
+    """Training goes on but learns nothing: zero gradients, or the loss pinned at ln(vocab) (uniform guessing).
+    Taught with the rest of train.py in notebooks/01_pynative_baseline.ipynb."""
 
 
 MAX_STEPS = 1_000_000   # the lr table holds one value per step; far beyond what a CPU run reaches

@@ -192,7 +192,8 @@ def build_grads(net: Any, params: Any, *, scaler: Any = None, accum: int = 1) ->
     with accum = k > 1 over k micro-batches of the batch (every input's first axis), summed, then times 1 / k;
     with a scaler, the loss scaled before the gradient and both unscaled after. A Python function, op by op (or
     inside `ms.jit`): the first half of build_step's function form, whose update follows. The DP worker
-    `workers/semi_auto_llama.py` (notebook 05) checks accumulation against one pass with it."""
+    `workers/semi_auto_llama.py` (notebook 05) checks accumulation against one pass with it.
+    Taught in: no notebook; workers/semi_auto_llama.py and workers/straggler_steps.py call it."""
     grad_map, plus, unscale, _ = _parts()
     scale_value = scaler.scale_value if scaler is not None else None
     grad_fn = _loss_and_grads(net, scale_value, params)

@@ -51,7 +51,8 @@ _AOE_FRAMEWORK = {".air": 1, ".pb": 3, ".onnx": 5}
 
 # ----------------------------------------------------------------------------- MindIR
 def export_mindir(net: Any, inputs: Any | Sequence[Any], path: str | os.PathLike) -> Path:
-    """Export `net` traced with `inputs` (fixed shapes) to `<path>.mindir`; return the file path."""
+    """Export `net` traced with `inputs` (fixed shapes) to `<path>.mindir`; return the file path.
+    Taught with the rest of tuning.py in notebooks/07_mindir_aoe.ipynb."""
     import mindspore as ms
     inputs = tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
     if not inputs or not all(isinstance(x, ms.Tensor) for x in inputs):
@@ -68,7 +69,8 @@ def export_mindir(net: Any, inputs: Any | Sequence[Any], path: str | os.PathLike
 
 
 def load_mindir(path: str | os.PathLike) -> tuple[Any, float]:
-    """`nn.GraphCell` for a .mindir file, plus the load time in seconds."""
+    """`nn.GraphCell` for a .mindir file, plus the load time in seconds.
+    Taught with the rest of tuning.py in notebooks/07_mindir_aoe.ipynb."""
     p = Path(path)
     if p.suffix != ".mindir" or not p.is_file():
         raise ValueError(f"load_mindir: path={str(p)!r} is not an existing .mindir file; "
@@ -89,6 +91,7 @@ def mindir_roundtrip(net: Any, inputs: Any | Sequence[Any], path: str | os.PathL
 
     Returns file, file_mb, export_s, load_s, first_call_s (includes the loaded graph's compile),
     max_abs_diff and identical (bitwise equal first outputs).
+    Taught in notebooks/07_mindir_aoe.ipynb.
     """
     import numpy as np
     inputs = tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
@@ -108,7 +111,8 @@ def mindir_roundtrip(net: Any, inputs: Any | Sequence[Any], path: str | os.PathL
 
 # ----------------------------------------------------------------------------- AOE (Ascend)
 def aoe_available() -> bool:
-    """True if the CANN `aoe` binary is on PATH (it ships with the Ascend toolkit, not with pip)."""
+    """True if the CANN `aoe` binary is on PATH (it ships with the Ascend toolkit, not with pip).
+    Taught in notebooks/07_mindir_aoe.ipynb."""
     return shutil.which("aoe") is not None
 
 
@@ -130,6 +134,7 @@ def aoe_command(model_path: str | os.PathLike, job_type: int | str,
     `model_path` is the exported model; for MindSpore that is an `.air` file (`--framework=1`).
     The tuned offline model goes to `<output_dir>/<stem>_aoe.om`; pair the command with
     `aoe_env(output_dir)` so the knowledge bank lands in `output_dir` too.
+    Taught in notebooks/07_mindir_aoe.ipynb.
     """
     p = Path(model_path)
     if p.suffix == ".mindir":
@@ -148,12 +153,14 @@ def aoe_command(model_path: str | os.PathLike, job_type: int | str,
 
 
 def aoe_env(output_dir: str | os.PathLike) -> dict[str, str]:
-    """Environment for AOE and for the next compile: both must see the same TUNE_BANK_PATH."""
+    """Environment for AOE and for the next compile: both must see the same TUNE_BANK_PATH.
+    Taught in notebooks/07_mindir_aoe.ipynb."""
     return {"TUNE_BANK_PATH": str(Path(output_dir).resolve() / "tune_bank")}
 
 
 def online_tuning_api() -> str:
-    """Which switch this MindSpore has for online AOE tuning (introspection only; safe on CPU)."""
+    """Which switch this MindSpore has for online AOE tuning (introspection only; safe on CPU).
+    Taught in notebooks/07_mindir_aoe.ipynb."""
     try:
         from mindspore.device_context.ascend import op_tuning
         if hasattr(op_tuning, "aoe_tune_mode") and hasattr(op_tuning, "aoe_job_type"):
@@ -164,7 +171,8 @@ def online_tuning_api() -> str:
 
 
 def online_tuning_code(job_type: int | str = 2) -> str:
-    """The Python lines that switch online tuning on with this MindSpore's API (for printing)."""
+    """The Python lines that switch online tuning on with this MindSpore's API (for printing).
+    Taught in notebooks/07_mindir_aoe.ipynb."""
     jt = _job_type(job_type)
     if online_tuning_api() == "mindspore.device_context.ascend.op_tuning":
         return ('import mindspore as ms\n'
@@ -178,6 +186,7 @@ def enable_online_tuning(job_type: int | str = 2) -> str:
 
     Call it before the first compile, once per process. On CPU/GPU MindSpore would only log an error,
     so this raises `mshelpers.device.DeviceUnavailable` instead.
+    Taught in notebooks/07_mindir_aoe.ipynb.
     """
     jt = _job_type(job_type)
     import mindspore as ms
@@ -201,7 +210,8 @@ def enable_online_tuning(job_type: int | str = 2) -> str:
 # ----------------------------------------------------------------------------- tuning loop
 @dataclass
 class TuneResult:
-    """Best candidate, one row per candidate (sorted fastest first), and the JSON file written."""
+    """Best candidate, one row per candidate (sorted fastest first), and the JSON file written.
+    Taught with the rest of tuning.py in notebooks/07_mindir_aoe.ipynb."""
 
     best: dict
     rows: list[dict]
@@ -237,6 +247,7 @@ def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Se
     copy, so it is not tied to the last place). Those
     samples go into the baseline's row as `aa_samples_s`, aligned by repeat with `samples_s`: the noise a
     verdict must clear (`report.claim_timing(..., control=...)`). The copy is never a candidate for best.
+    Taught in notebooks/07_mindir_aoe.ipynb.
     """
     if isinstance(candidates, dict) or not isinstance(candidates, (list, tuple)) or not candidates:
         raise ValueError(f"autotune: candidates={candidates!r} is invalid; fix: pass a non-empty list of "
@@ -303,7 +314,8 @@ def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Se
 
 
 def load_best(path: str | os.PathLike) -> dict:
-    """The best config saved by `autotune(..., save_to=path)`: what the next run applies."""
+    """The best config saved by `autotune(..., save_to=path)`: what the next run applies.
+    Taught in notebooks/07_mindir_aoe.ipynb."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"load_best: {str(p)!r} does not exist; fix: run autotune(..., save_to={str(p)!r}) first")
@@ -316,7 +328,8 @@ def load_best(path: str | os.PathLike) -> dict:
 # ----------------------------------------------------------------------------- CPU knobs to tune
 def set_cpu_op_threads(n: int) -> str:
     """Set MindSpore's CPU kernel thread count (default 25 in 2.9). Allowed once per process, before
-    the first compile; returns the API used."""
+    the first compile; returns the API used.
+    Taught with the rest of tuning.py in notebooks/07_mindir_aoe.ipynb."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"set_cpu_op_threads: n={n!r} is invalid; fix: pass a positive integer, "
                          f"e.g. os.cpu_count()={os.cpu_count()}")
@@ -345,6 +358,8 @@ class TrainStepTimer:
         ...                                                {"seq_len": 64, "batch_size": 16})]
         [1024, 1024]
         >>> autotune([{"seq_len": 128, "batch_size": 8}, {"seq_len": 64, "batch_size": 16}], timer)  # builds and compiles one model per candidate (15 s even for the tiny preset)  # doctest: +SKIP
+
+    Taught in notebooks/06_recompute_memory.ipynb.
     """
 
     def __init__(self, base: Any, steps: int = 2, warmup: int = 1) -> None:
@@ -409,6 +424,7 @@ def isolated_step_times(overrides: dict, *, preset: str = "mini", mode: str = "g
     the thread count can only be set before the first compile of a process (as AOE results are read
     at the next compile). `compile_cache`: a folder for MindSpore's compile cache (`train.compile_cache`,
     one subfolder per graph), so that the processes after the first load the step instead of compiling it.
+    Taught with the rest of tuning.py in notebooks/07_mindir_aoe.ipynb.
     """
     if cpu_threads is not None:
         set_cpu_op_threads(cpu_threads)
@@ -426,6 +442,7 @@ def isolated_step_times(overrides: dict, *, preset: str = "mini", mode: str = "g
 def isolated_median_step_s(overrides: dict, *, preset: str = "mini", mode: str = "graph",
                            cpu_threads: int | None = None, steps: int = 3, compile_cache: str | None = None) -> float:
     """`isolated_step_times` reduced to one number (median seconds per step of `steps` steady steps), for
-    `mshelpers.timing.compare_interleaved`, which runs each call in a fresh process."""
+    `mshelpers.timing.compare_interleaved`, which runs each call in a fresh process.
+    Taught in notebooks/07_mindir_aoe.ipynb."""
     return isolated_step_times(overrides, preset=preset, mode=mode, cpu_threads=cpu_threads, steps=steps,
                                repeats=1, compile_cache=compile_cache)[0]

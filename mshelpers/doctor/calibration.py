@@ -72,17 +72,20 @@ OFF_FAMILIES: dict[tuple[str, bool], str] = {
 
 def cites_two_sources(reason: str) -> bool:
     """Whether a reason names at least two published figures with where each is printed (a line of a card): what
-    an off-target family must show before its miss counts as the data disagreeing rather than the model."""
+    an off-target family must show before its miss counts as the data disagreeing rather than the model.
+    Taught in notebooks/12_your_config.ipynb."""
     return len(re.findall(r"\bl(?:ine|\.) ?\d+", reason)) >= 2 and len(re.findall(r"\b\d{3,5}\b", reason)) >= 2
 
 
 def unexplained_families(rows: list[dict], since: tuple[int, ...] = ()) -> set[tuple[str, bool]]:
-    """Families off target (`off_families`) without a reason that cites two published figures: misses the model owns."""
+    """Families off target (`off_families`) without a reason that cites two published figures: misses the model owns.
+    Taught in notebooks/12_your_config.ipynb."""
     return {f for f in off_families(rows, since) if not cites_two_sources(OFF_FAMILIES.get(f, ""))}
 
 
 def off_families(rows: list[dict], since: tuple[int, ...] = ()) -> set[tuple[str, bool]]:
-    """(family, moe) pairs whose check rows (from branch `since` on, see `family_summary`) miss the targets."""
+    """(family, moe) pairs whose check rows (from branch `since` on, see `family_summary`) miss the targets.
+    Taught in notebooks/12_your_config.ipynb."""
     out = set()
     for f in family_summary(rows, since):
         if f["moe"] and f["max_abs_error"] > TARGET_MOE or not f["moe"] and (
@@ -92,12 +95,15 @@ def off_families(rows: list[dict], since: tuple[int, ...] = ()) -> set[tuple[str
 
 
 def fixture_dir() -> str:
+    """The folder of mindformers' own published configs the calibration is fitted on (tests/data/mindformers/).
+    Taught in: no notebook; doctor/heldout.py calls it."""
     here = os.path.dirname(os.path.abspath(__file__))
     return os.path.join(os.path.dirname(os.path.dirname(here)), "tests", "data", "mindformers")
 
 
 def family_of(p: dict) -> str:
-    """The family a published row belongs to (its own "family", else read off the Llama file names)."""
+    """The family a published row belongs to (its own "family", else read off the Llama file names).
+    Taught with the rest of doctor/calibration.py in notebooks/12_your_config.ipynb."""
     if p.get("family"):
         return p["family"]
     f = p["file"]
@@ -121,6 +127,7 @@ def fit_calibration(data_dir: str | None = None, points: tuple | None = None) ->
     rate) and Qwen2-0.5B fine-tuning (seq 32768, head dim 64: how that rate falls with the head dim,
     head_dim_half). Every other row is a check; the head-dim term's is Qwen1.5-0.5B (head dim 64, seq 8192).
     Gauss-Newton on log(predicted / published), as many equations as unknowns; nothing else is looked at.
+    Taught in: no notebook; doctor/describe.py calls it.
     """
     data_dir = data_dir or fixture_dir()
     pts = list(points) if points is not None else [p for p in PUBLISHED if p["role"] == "fit"]
@@ -184,7 +191,8 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 
 def calibration_table(data_dir: str | None = None, calib: Calibration = CALIBRATION,
                       published: tuple = PUBLISHED) -> list[dict]:
-    """Predicted against published tokens/s/p for every published figure, with the error and the source."""
+    """Predicted against published tokens/s/p for every published figure, with the error and the source.
+    Taught in notebooks/12_your_config.ipynb."""
     data_dir = data_dir or fixture_dir()
     rows = []
     for p in published:
@@ -204,7 +212,8 @@ def calibration_table(data_dir: str | None = None, calib: Calibration = CALIBRAT
 
 
 def calibration_summary(rows: list[dict]) -> dict:
-    """Median and largest |error| over the rows not used for fitting, and whether every config fits."""
+    """Median and largest |error| over the rows not used for fitting, and whether every config fits.
+    Taught in notebooks/12_your_config.ipynb."""
     errs = [abs(r["error"]) for r in rows if r["role"] == "check"]
     return {"n_checked": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs),
             "all_fit": all(r["fits"] for r in rows if r["role"] != "excluded")}
@@ -212,7 +221,8 @@ def calibration_summary(rows: list[dict]) -> dict:
 
 def release_of(row: dict) -> tuple[int, ...]:
     """The mindformers branch a published row's YAML was copied from, read off its file name ("r1.1.0_..." ->
-    (1, 1, 0), "r1.0_..." -> (1, 0)); () when the name carries none."""
+    (1, 1, 0), "r1.0_..." -> (1, 0)); () when the name carries none.
+    Taught in notebooks/12_your_config.ipynb."""
     head = str(row.get("config", row.get("file", ""))).split("_", 1)[0]
     if not (head.startswith("r") and head[1:].replace(".", "").isdigit()):
         return ()
@@ -224,7 +234,8 @@ def family_summary(rows: list[dict], since: tuple[int, ...] = ()) -> list[dict]:
 
     since=(1, 2): only rows whose YAML comes from that branch or a later one (`release_of`); rows of no known
     branch are left out then. The r1.0 and r1.1.0 figures were taken on older MindSpore releases, and the same
-    layouts are published faster from r1.2.0 on, so the split shows which misses those figures carry."""
+    layouts are published faster from r1.2.0 on, so the split shows which misses those figures carry.
+    Taught in notebooks/12_your_config.ipynb."""
     out = []
     groups: dict[tuple, list] = {}
     for r in rows:
@@ -258,7 +269,8 @@ def _shares(p: dict, data_dir: str) -> dict:
 
 def stand_in_points(family: str, data_dir: str | None = None) -> list[dict]:
     """The fit rows with every row of `family` replaced by its stand-in (see _FIT_ROLE): the points a fit that
-    never saw `family` uses, in FIT_ORDER's order."""
+    never saw `family` uses, in FIT_ORDER's order.
+    Taught in: no notebook; doctor/published.py calls it."""
     data_dir = data_dir or fixture_dir()
     fit = [p for p in PUBLISHED if p["role"] == "fit"]
     pool = [p for p in PUBLISHED if p["role"] == "check" and family_of(p) != family and release_of(p) >= (1, 2)]
@@ -282,7 +294,8 @@ def stand_in_points(family: str, data_dir: str | None = None) -> list[dict]:
 def leave_one_family_out(data_dir: str | None = None, since: tuple[int, ...] = (1, 2)) -> list[dict]:
     """For every family (MoE apart), the error on its check rows of a calibration fitted without it: its fit
     rows replaced by stand-ins (`stand_in_points`), then its rows predicted. The error a user should expect on a
-    family the doctor has never seen. Rows from branch `since` on, as `family_summary`."""
+    family the doctor has never seen. Rows from branch `since` on, as `family_summary`.
+    Taught in notebooks/12_your_config.ipynb."""
     data_dir = data_dir or fixture_dir()
     base = calibration_table(data_dir)
     fams = sorted({(r["moe"], r["family"]) for r in base if r["role"] != "excluded"
@@ -311,7 +324,8 @@ def leave_one_family_out(data_dir: str | None = None, since: tuple[int, ...] = (
 
 def lofo_summary(lofo: list[dict]) -> dict:
     """Leave-one-family-out in numbers, dense and MoE apart: the median |error| over every held-out row, the
-    median over families of their median, and the worst family. The band every prediction prints."""
+    median over families of their median, and the worst family. The band every prediction prints.
+    Taught in notebooks/12_your_config.ipynb."""
     out = {}
     for kind, moe in (("dense", False), ("moe", True)):
         fams = [f for f in lofo if f["moe"] == moe]
@@ -328,7 +342,8 @@ def lofo_summary(lofo: list[dict]) -> dict:
 
 def moe_placement(rows: list[dict]) -> list[dict]:
     """Every published MoE row priced twice with the same constants: its EP group on the nodes mindformers places
-    it (the dialect's rank order), and as if the group stayed inside one node (mcore's consecutive ranks)."""
+    it (the dialect's rank order), and as if the group stayed inside one node (mcore's consecutive ranks).
+    Taught in notebooks/12_your_config.ipynb."""
     out = []
     for r in rows:
         if not r["moe"] or r["role"] == "excluded":
@@ -344,7 +359,8 @@ def moe_placement(rows: list[dict]) -> list[dict]:
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
-    """Kendall's tau-a between two orderings of the same items (ties count as neither)."""
+    """Kendall's tau-a between two orderings of the same items (ties count as neither).
+    Taught with the rest of doctor/calibration.py in notebooks/12_your_config.ipynb."""
     n = len(a)
     if n < 2:
         return float("nan")
@@ -358,7 +374,8 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
 
 def ranking_groups(rows: list[dict]) -> list[dict]:
     """Every group of published figures of one model on different layouts or device counts: the predicted
-    order against the published one, and Kendall's tau. Rows name their group in PUBLISHED["group"]."""
+    order against the published one, and Kendall's tau. Rows name their group in PUBLISHED["group"].
+    Taught in notebooks/12_your_config.ipynb."""
     groups: dict[str, list] = {}
     for r in rows:
         if r.get("group"):
@@ -394,7 +411,8 @@ _STAGED = {p: ([20, 8] if p in ('feed_forward\\.mul', 'feed_forward\\.w1\\.activ
 def guide_13b_steps(base: Any) -> list[dict]:
     """The guide's Llama 2 13B steps as YAML dicts built from `base` (r1.2.0 pretrain_llama2_13b.yaml), with
     the published tokens/s/p of each. The PP steps run on 2 nodes (16 cards) with micro_batch_num 128; the
-    guide gives no batch size for them, so batch_size 1 is assumed, and its max_device_memory 57.2GB is used."""
+    guide gives no batch size for them, so batch_size 1 is assumed, and its max_device_memory 57.2GB is used.
+    Taught with the rest of doctor/calibration.py in notebooks/12_your_config.ipynb."""
     cfg = read_config(base)
     pp2 = dict(pipeline_stage=2, micro_batch_num=128, batch_size=1, gradient_accumulation_steps=1)
     steps = [("dp8 mp1 pp1, full recompute (8 cards)", 1860, {}),
@@ -414,7 +432,8 @@ def guide_13b_steps(base: Any) -> list[dict]:
 
 
 def guide_13b_ranking(base: Any, hw: DoctorHardware | None = None, calib: Calibration = CALIBRATION) -> list[dict]:
-    """Predicted tokens/s/p of each guide step, in the guide's order, with the published figure and memory."""
+    """Predicted tokens/s/p of each guide step, in the guide's order, with the published figure and memory.
+    Taught in notebooks/12_your_config.ipynb."""
     hw = hw or hardware("atlas-800t-a2")
     rows = []
     for s in guide_13b_steps(base):

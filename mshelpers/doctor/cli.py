@@ -17,7 +17,8 @@ def measured_run(r: dict, log_path: str, *, refit: bool = False, skip: int | Non
     """A training log (mindformers' or the cookbook's metrics.csv) against the diagnosis `r`: measured
     tokens/s/p at the steady median, MFU in the three conventions against the profile's datasheet peak, the
     prediction error; with `refit`, the compute efficiency re-fitted on this run (every other constant kept)
-    and the top layouts re-ranked. `skip`: leading steps left out as warm-up (default max(1, 10%))."""
+    and the top layouts re-ranked. `skip`: leading steps left out as warm-up (default max(1, 10%)).
+    Taught in notebooks/12_your_config.ipynb."""
     logs = _logs
     cfg, st, hw = r["config"], r["step"], r["hardware"]
     lay, m = cfg.layout, cfg.model
@@ -84,6 +85,7 @@ def refit_efficiency(cfg, hw, cal, measured: float, rel_tol: float = 1e-4) -> fl
     step is increasing in x = 1 / efficiency (compute grows as x, the exposed DP time shrinks no faster), so
     false position on x inside a bracket (Illinois: an end kept twice has its value halved, so neither end
     sticks) finds it in a few steps; the answer predicts `measured` within rel_tol.
+    Taught with the rest of doctor/cli.py in notebooks/12_your_config.ipynb.
     """
     def miss(x: float) -> float:             # measured / predicted - 1 = predicted step / measured step - 1
         return measured / step_time(cfg, hw, replace(cal, compute_efficiency=1 / x))["tokens_per_s_per_device"] - 1
@@ -135,7 +137,8 @@ def _plain(md: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """The CLI; returns the exit code: 0 the config fits, 1 it does not fit, 2 the input was refused (one line on
-    stderr; with --format json, also a JSON object on stdout)."""
+    stderr; with --format json, also a JSON object on stdout).
+    Taught in notebooks/05_semi_auto_parallel.ipynb."""
     import argparse
     doc = sys.modules[__package__].__doc__ if __package__ in sys.modules else __doc__
     args = list(sys.argv[1:] if argv is None else argv)
@@ -212,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console() -> None:
-    """The `ms-doctor` console script and `python -m mshelpers.doctor`: main()'s code as the exit status."""
+    """The `ms-doctor` console script and `python -m mshelpers.doctor`: main()'s code as the exit status.
+    Taught in: no notebook; doctor/__main__.py calls it."""
     import os
     try:
         code = main()

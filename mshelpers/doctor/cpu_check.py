@@ -25,7 +25,8 @@ def mini_config(run: Any = None, **changes: Any) -> Config:
     """The doctor's `Config` for a cookbook run: a `RunConfig` (default `RunConfig.preset("mini")`) or a dict
     with its field names (hidden_size, num_layers, num_heads, ffn_hidden_size, vocab_size, seq_len, batch_size =
     the global batch, dp, recompute "none"/"selective"/"full", compute_dtype), with `changes` applied. It is
-    read through the same `read_config` as a mindformers YAML (runner_config.batch_size = batch_size / dp)."""
+    read through the same `read_config` as a mindformers YAML (runner_config.batch_size = batch_size / dp).
+    Taught in notebooks/04_data_parallel.ipynb."""
     if run is None:
         if "." in __package__:
             from ..config import RunConfig
@@ -66,6 +67,7 @@ def cpu_hardware(ranks: int = 1, *, alpha_beta: Any = None, peak: float | None =
       (alpha_s, beta_bytes_per_s) pair), entered so that `step_time`'s DP term gives back alpha + S/beta for a
       gradient buffer of S bytes: link = beta * 2(n-1)/n, latency alpha/2 on each of its two halves.
     overlap: none (dp_overlap 0): on CPU the gradient all-reduce runs after the backward, not behind it.
+    Taught in notebooks/04_data_parallel.ipynb.
     """
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise DoctorError("ranks", ranks, "a positive integer (processes sharing this CPU)")
@@ -117,7 +119,8 @@ def cpu_hardware(ranks: int = 1, *, alpha_beta: Any = None, peak: float | None =
 def fit_cpu_calibration(measured_s: float, cfg: Config, hw: DoctorHardware, fitted_on: tuple = CPU_FIT_SET) -> Calibration:
     """The compute efficiency that makes `step_time(cfg, hw)` equal `measured_s` (one measured step; the other
     terms kept as they are). On the CPU it absorbs what the FLOP count leaves out: elementwise ops, softmax,
-    norms, kernel launches."""
+    norms, kernel launches.
+    Taught in notebooks/12_your_config.ipynb."""
     if not (isinstance(measured_s, (int, float)) and not isinstance(measured_s, bool) and measured_s > 0):
         raise DoctorError("measured_s", measured_s, "a measured step time in seconds > 0")
     st = step_time(cfg, hw, Calibration(1.0, 1.0))
@@ -130,7 +133,8 @@ def fit_cpu_calibration(measured_s: float, cfg: Config, hw: DoctorHardware, fitt
 
 def predict_cpu(calib: Calibration, hws: dict, run: Any = None) -> list[dict]:
     """Predicted step of the mini model for single / 2 ranks x recompute none / full: one row per run with
-    each term. `hws` maps "single" and "2 ranks" to `cpu_hardware(1)` and `cpu_hardware(2, alpha_beta=...)`."""
+    each term. `hws` maps "single" and "2 ranks" to `cpu_hardware(1)` and `cpu_hardware(2, alpha_beta=...)`.
+    Taught with the rest of doctor/cpu_check.py in notebooks/12_your_config.ipynb."""
     rows = []
     for where in ("single", "2 ranks"):
         for rc in ("none", "full"):
@@ -150,7 +154,8 @@ def measure_cpu_steps(recomputes: tuple = ("none", "full"), steps: int = 8, *, w
     `world` ranks, the norm in float32, clip, AdamW) with the same
     data shards; the first step of each model includes its compile. Returns {"times": {recompute: [seconds
     per step]}, "losses": ...}. `keep`: a dict that holds the built steps, so a second call with the same
-    dict continues them (no new compile), e.g. to measure before and after another run."""
+    dict continues them (no new compile), e.g. to measure before and after another run.
+    Taught in notebooks/12_your_config.ipynb."""
     import time
     import mindspore as ms
     from mindspore import nn
@@ -209,6 +214,8 @@ def cpu_check(times: dict, hws: dict, tolerance: float = 0.25, run: Any = None) 
         >>> t = {("single", "none"): [0.50, 0.52, 0.48], ("single", "full"): [0.60, 0.64, 0.62]}
         >>> [(r["recompute"], r["verdict"]) for r in cpu_check(t, {"single": hw, "2 ranks": hw}) if r["run"] == "single"]
         [('none', 'fit'), ('full', 'within')]
+
+    Taught in notebooks/12_your_config.ipynb.
     """
     import numpy as np
     if not (isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool) and 0 < tolerance < 10):

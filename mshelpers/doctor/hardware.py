@@ -35,7 +35,8 @@ _A2_SOURCES = {
 
 @dataclass(frozen=True)
 class DoctorHardware:
-    """One device type and its links, each figure with its source (see `hardware`)."""
+    """One device type and its links, each figure with its source (see `hardware`).
+    Taught in: no notebook; doctor/__init__.py, doctor/calibration.py, doctor/cpu_check.py call it."""
     name: str
     peak_flops: dict                     # compute dtype -> FLOP/s (datasheet/theoretical, not achieved)
     hbm_bytes_per_s: float
@@ -74,7 +75,8 @@ def hardware(name: str = "atlas-800t-a2") -> DoctorHardware:
     """The named profile. "cpu" is this machine: theoretical peak = peak.cpu_peak_flops over os.cpu_count() cores
     at the max clock (peak.max_clock_mhz): FLOP/cycle = fp32 lanes per FMA unit (peak.fp32_fma_lanes) x 2 for FMA
     x 2 FMA units, the formula and clock of peak.hardware_peak_flops; memory = MemTotal;
-    its links are not modelled (one node)."""
+    its links are not modelled (one node).
+    Taught in notebooks/04_data_parallel.ipynb."""
     if name in HARDWARE:
         return HARDWARE[name]
     if name != "cpu":

@@ -23,17 +23,21 @@ from .readers import read_config
 
 
 def heldout_dir() -> str:
+    """The folder of held-out runs from another stack (tests/data/heldout/), beside the fixtures.
+    Taught with the rest of doctor/heldout.py in notebooks/12_your_config.ipynb."""
     return os.path.join(os.path.dirname(fixture_dir()), "heldout")
 
 
 def heldout_runs() -> list[dict]:
-    """runs.json: file, model, family, moe, seq, devices, hw, tokens_s_p (or mfu), source, note."""
+    """runs.json: file, model, family, moe, seq, devices, hw, tokens_s_p (or mfu), source, note.
+    Taught in notebooks/12_your_config.ipynb."""
     with open(os.path.join(heldout_dir(), "runs.json")) as f:
         return json.load(f)
 
 
 def price(run: dict, calib=CALIBRATION) -> dict:
-    """One run priced: predicted and published tokens/s/p, the error, MFU, whether it fits."""
+    """One run priced: predicted and published tokens/s/p, the error, MFU, whether it fits.
+    Taught in: no notebook; doctor/__init__.py calls it."""
     hw = hardware(run["hw"])
     cfg = read_config(os.path.join(heldout_dir(), run["file"]))
     if cfg.budget_bytes is None:
@@ -51,7 +55,8 @@ def price(run: dict, calib=CALIBRATION) -> dict:
 
 
 def summarise(rows: list[dict]) -> dict:
-    """The errors in numbers: dense and MoE apart, the stack factor, seq >= 16K, MFU-only rows, runs said not to fit."""
+    """The errors in numbers: dense and MoE apart, the stack factor, seq >= 16K, MFU-only rows, runs said not to fit.
+    Taught in: no notebook; doctor/__init__.py calls it."""
     scored = [r for r in rows if r["error"] is not None]
     dense, moe = [r for r in scored if not r["moe"]], [r for r in scored if r["moe"]]
     factor = statistics.median(1 + r["error"] for r in dense)

@@ -30,7 +30,8 @@ def _count(v: Any, where: str, *, zero_ok: bool = False, strict: bool = False) -
 
 
 def parse_size(text: Any) -> int:
-    """Bytes in a MindSpore size such as "58GB" (GB = 1024**3, as mshelpers.memory.parse_memory_size)."""
+    """Bytes in a MindSpore size such as "58GB" (GB = 1024**3, as mshelpers.memory.parse_memory_size).
+    Taught in: no notebook; doctor/__init__.py, doctor/readers.py call it."""
     if isinstance(text, (int, float)) and not isinstance(text, bool) and 0 < text < 2**64 and \
             (isinstance(text, int) or math.isfinite(text)):       # (math.isfinite(2**1100) raises OverflowError)
         return int(text)
@@ -80,7 +81,8 @@ def _flag(section: dict, key: str, default: bool, where: str) -> bool:
 def stage_split(L: int, pp: int, vpp: int, offset: Any, where: str, notes: list) -> list[list[int]]:
     """Layers per (VPP chunk, stage) as mindformers' LayerSetting builds them: L // (pp * vpp) + offset
     (mindformers 2.1.0 parallel_core/training_graph/transformer/utils.py, LayerSetting._check_inputs: an
-    int, a per-stage list, or a per-chunk list of per-stage lists, summing to L % (pp * vpp))."""
+    int, a per-stage list, or a per-chunk list of per-stage lists, summing to L % (pp * vpp)).
+    Taught in: no notebook; doctor/__init__.py, doctor/readers.py, doctor/variants.py call it."""
     n = pp * vpp
     if n > L:                                       # also keeps the per-stage lists below from growing with pp
         raise DoctorError("parallelism.pipeline_parallel" if where.startswith("parallelism") else
@@ -193,7 +195,8 @@ def _ranges(value: Any, n_layers: int, where: str) -> list[int]:
 # ---------------------------------------------------------------- 2.x recompute of a variant (mode full or select)
 def full_counts_2x(value: Any, stage: list[int], where: str) -> list[int]:
     """Fully recomputed layers per stage of a 2.x variant: True (all), False / None / 0 (none), a count (the first
-    that many layers of every stage), or one count or bool per stage."""
+    that many layers of every stage), or one count or bool per stage.
+    Taught in: no notebook; doctor/variants.py calls it."""
     pp = len(stage)
     if value is True:
         return list(stage)
@@ -208,7 +211,8 @@ def full_counts_2x(value: Any, stage: list[int], where: str) -> list[int]:
 
 
 def select_module_2x(value: Any, where: str) -> dict:
-    """A 2.x recompute.select_module for a select_recompute value: True is the MLP, a list its module patterns."""
+    """A 2.x recompute.select_module for a select_recompute value: True is the MLP, a list its module patterns.
+    Taught in: no notebook; doctor/variants.py calls it."""
     if value is True:
         return {"mlp": True}
     if isinstance(value, (list, tuple)) and value and all(isinstance(p, str) for p in value):
@@ -220,7 +224,8 @@ def select_module_2x(value: Any, where: str) -> dict:
 
 def layer_ranges(counts: list[int], chunks: list[list[int]]) -> list[str]:
     """2.x full_recompute_layer ranges ("lo-hi") for per-stage counts: the first `count` layers of each stage,
-    layer ids numbered chunk by chunk, stage by stage, as the reader numbers them."""
+    layer ids numbered chunk by chunk, stage by stage, as the reader numbers them.
+    Taught in: no notebook; doctor/variants.py calls it."""
     pp = len(chunks[0])
     ids: list[list[int]] = [[] for _ in range(pp)]
     i = 0
@@ -244,7 +249,8 @@ _LPS = "parallelism.pipeline_parallel_layers_per_stage"
 
 def pynative_chunks(par: dict, layers: int, pp: int, vpp: int, notes: list) -> list[list[int]]:
     """Layers per (VPP chunk, stage) of a 2.x file: its pipeline_parallel_layers_per_stage intervals
-    [[start, end), ...] when they cover the layers, else the equal split (with the remainder in the middle)."""
+    [[start, end), ...] when they cover the layers, else the equal split (with the remainder in the middle).
+    Taught in: no notebook; doctor/readers.py, doctor/variants.py call it."""
     chunks = stage_split(layers, pp, vpp, 0, _LPS, notes)
     lps = par.get("pipeline_parallel_layers_per_stage")
     if isinstance(lps, (list, tuple)) and lps and all(isinstance(r, (list, tuple)) and len(r) == 2 for r in lps):
@@ -261,7 +267,8 @@ def pynative_chunks(par: dict, layers: int, pp: int, vpp: int, notes: list) -> l
 
 def checked(cfg: Config) -> Config:
     """`cfg`, once its layout passes the cross-checks against its model (tp dividing the heads and the FFN, ep
-    carved out of dp x tp, micro-batches per stage, cp dividing the sequence); else one DoctorError line."""
+    carved out of dp x tp, micro-batches per stage, cp dividing the sequence); else one DoctorError line.
+    Taught in notebooks/05_semi_auto_parallel.ipynb."""
     m, lay = cfg.model, cfg.layout
     tp_key = "parallelism.tensor_parallel" if cfg.dialect == "pynative" else "parallel_config.model_parallel"
     if m.heads % lay.tp or (m.kv_heads % lay.tp and lay.tp % m.kv_heads):

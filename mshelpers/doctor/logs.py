@@ -56,7 +56,8 @@ from typing import Any
 
 
 class LogError(ValueError):
-    """Bad log input, in one line: "doctor --log: <field>=<value>; fix: <how>"."""
+    """Bad log input, in one line: "doctor --log: <field>=<value>; fix: <how>".
+    Taught in: no notebook; doctor/cli.py calls it."""
 
     def __init__(self, field: str, value: Any, fix: str) -> None:
         self.field, self.value, self.fix = field, value, fix
@@ -225,6 +226,7 @@ def parse_mindformers_log(path_or_lines: Any, notes: list[str] | None = None) ->
     consumed_samples, global_batch_size when printed. Non-step lines are ignored.
     What was repaired or chosen (torn last line, ranks, a resume) is appended to `notes` when given.
     Raises LogError when nothing in the input is a step line.
+    Taught with the rest of doctor/logs.py in notebooks/12_your_config.ipynb.
     """
     notes = [] if notes is None else notes
     lines, name = _read_lines(path_or_lines, "mindformers training log")
@@ -296,6 +298,7 @@ def read_metrics_csv(path: Any, notes: list[str] | None = None) -> list[dict]:
     mshelpers.train`), as records with the mindformers keys: line, step, loss, per_step_time_s (from
     step_time_s), lr, global_norm (from grad_norm), overflow, loss_scale, plus tokens_per_s (global, all
     devices), mfu, peak_mem_mb, spike. A torn last line is dropped; steps going back keep the last run.
+    Taught with the rest of doctor/logs.py in notebooks/12_your_config.ipynb.
     """
     notes = [] if notes is None else notes
     lines, name = _read_lines(path, "metrics.csv")
@@ -351,6 +354,7 @@ def read_training_log(path: Any) -> dict:
 
     A file whose first non-blank line is a CSV header of plain names (step, loss, step_time_s, ...) is a
     metrics.csv; anything else is read as a mindformers log.
+    Taught in: no notebook; doctor/cli.py calls it.
     """
     lines, _ = _read_lines(path, "training log (mindformers log or metrics.csv)")
     first = next((ANSI.sub("", ln).strip() for ln in lines if ln.strip()), "")
@@ -392,6 +396,7 @@ def steady_step_time(records: list[dict], skip: int | None = None) -> dict:
     slower than 3x the median of the rest (a checkpoint save, an evaluation, a hiccup).
     Returns median_s, q1_s, q3_s, steps_used, skipped_warmup, skipped_slow, first_step_s (the compile
     step), used (the step numbers used), notes (one line when fewer than MIN_STEADY steps are used).
+    Taught with the rest of doctor/logs.py in notebooks/12_your_config.ipynb.
     """
     _check_times(records)
     n = len(records)
@@ -430,6 +435,7 @@ def measured_throughput(records: list[dict], *, global_batch: int, seq_len: int,
     MFLossMonitor's samples/s/p x seq_len, metrics.csv's tokens_per_s / devices, and the model TFLOP/s per
     device (train_throughput_per_npu / throughput), medians over the same steps. `skip` as in
     steady_step_time, whose result is under "step_time" and whose notes start "notes".
+    Taught in: no notebook; doctor/cli.py calls it.
     """
     for name, v in (("global_batch", global_batch), ("seq_len", seq_len), ("devices", devices)):
         _positive(name, v)
@@ -467,6 +473,7 @@ def mfu_from_log(tokens_per_s_per_device: float, *, n_params: int, n_active_para
     """MFU of a measured tokens/s/p in three conventions, against `peak_flops` per device:
     6N (Kaplan; N = the active parameters when given, for MoE), 6N + 12*L*heads*head_dim*seq (PaLM,
     Chowdhery et al. 2022, appendix B) and hardware FLOPs per token (with recompute; when given).
+    Taught with the rest of doctor/logs.py in notebooks/12_your_config.ipynb.
     """
     tps = _positive("tokens_per_s_per_device", tokens_per_s_per_device)
     for name, v in (("n_params", n_params), ("layers", layers), ("heads", heads), ("head_dim", head_dim),

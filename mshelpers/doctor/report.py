@@ -22,7 +22,8 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
     """Everything the CLI prints, as a dict: config, memory, step terms, MFU, layouts, verdict. `release`: the
     mindformers release the file runs on (read_config's), None for the newest. `devices` other than the file's
     own count: the file's layout cannot run there, so the figures are the fastest layout that fits on `devices`
-    (same model and global batch), and the verdict says so."""
+    (same model and global batch), and the verdict says so.
+    Taught in notebooks/06_recompute_memory.ipynb."""
     hw = hardware(hardware_name)
     if devices is not None and (not isinstance(devices, int) or isinstance(devices, bool) or devices <= 0):
         raise DoctorError("--devices", devices, "a positive integer")
@@ -130,7 +131,8 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
 
 def expected_error(cfg: Any, hw: Any) -> dict:
     """The error band a prediction carries: leave-one-family-out on mindformers' cards (describe.EXPECTED_ERROR),
-    dense or MoE as the model is. None on hardware the cards were not published on (the CPU: its own check)."""
+    dense or MoE as the model is. None on hardware the cards were not published on (the CPU: its own check).
+    Taught with the rest of doctor/report.py in notebooks/12_your_config.ipynb."""
     if not getattr(hw, "device_pool", True):
         return {"kind": None, "text": ""}
     kind = "moe" if cfg.model.moe is not None else "dense"
@@ -146,7 +148,8 @@ RELEASE_SPLIT = ((1, 4, 0), (1, 5, 0))
 
 def release_pair(path_or_dict: Any, cfg: Any, hw: Any, calib: Any, budget: Any, model_config: Any,
                  release: Any) -> dict | None:
-    """The file's price on each side of a release split, when the user gave no release and the two differ."""
+    """The file's price on each side of a release split, when the user gave no release and the two differ.
+    Taught with the rest of doctor/report.py in notebooks/12_your_config.ipynb."""
     if release not in (None, "", ()) or cfg.release or cfg.dialect != "r1.x" or cfg.model.moe is None:
         return None
     old = read_config(path_or_dict, budget=budget, model_config=model_config, release=RELEASE_SPLIT[0])
@@ -169,7 +172,8 @@ _MEMORY_TERMS = (("params", "parameters"), ("grads", "gradients"), ("optimizer_s
 
 
 def dominant_term(mem: dict) -> tuple[str, int]:
-    """The largest memory term of the largest stage, as (name, bytes): what an OOM is mostly made of."""
+    """The largest memory term of the largest stage, as (name, bytes): what an OOM is mostly made of.
+    Taught in notebooks/12_your_config.ipynb."""
     i = max(range(len(mem["per_stage_bytes"])), key=lambda k: mem["per_stage_bytes"][k])
     part = mem["per_stage_breakdown"][i]
     key, name = max(_MEMORY_TERMS, key=lambda t: part.get(t[0], 0))
@@ -182,7 +186,8 @@ def _short(changes: dict, n: int = 4) -> str:
 
 
 def summary_json(r: dict) -> dict:
-    """The --json object: the figures, the layout, the step terms, and (with --log) the measured run."""
+    """The --json object: the figures, the layout, the step terms, and (with --log) the measured run.
+    Taught in: no notebook; doctor/__init__.py, doctor/cli.py call it."""
     st, mem, cfg = r["step"], r["memory"], r["config"]
     out = {"tokens_per_s_per_device": st["tokens_per_s_per_device"], "step_s": st["step_s"],
            "mfu": st["mfu_6n"], "mfu_attention": st["mfu_attention"], "mfu_hardware": st["mfu_hardware"],
@@ -236,7 +241,8 @@ def _row_json(row: dict) -> dict:
 
 def comm_groups(st: dict) -> list[dict]:
     """The step's communication groups of more than one rank (cost.step_time's "groups": group, size, span,
-    nodes, link, time_s); [] when the cost model does not place ranks."""
+    nodes, link, time_s); [] when the cost model does not place ranks.
+    Taught with the rest of doctor/report.py in notebooks/12_your_config.ipynb."""
     return [dict(g) for g in st.get("groups", []) if g.get("size", 0) > 1]
 
 
@@ -269,7 +275,8 @@ def _model_line(cfg: Any) -> str:
 
 
 def render_text(r: dict) -> str:
-    """The human report (Markdown): verdict first, then memory, step terms, MFU, layouts, sources."""
+    """The human report (Markdown): verdict first, then memory, step terms, MFU, layouts, sources.
+    Taught in notebooks/12_your_config.ipynb."""
     cfg, st, mem, hw, cal = r["config"], r["step"], r["memory"], r["hardware"], r["calibration"]
     lay = cfg.layout
     G = 2**30
@@ -466,7 +473,8 @@ def _html(md: str) -> str:
 
 def figures(r: dict, out_dir: str) -> dict[str, str]:
     """PNG pictures of the report: memory per stage stacked against the budget, the step-time waterfall,
-    and (with --log) predicted against measured tokens/s/p. Returns {name: path}; {} without matplotlib."""
+    and (with --log) predicted against measured tokens/s/p. Returns {name: path}; {} without matplotlib.
+    Taught in notebooks/12_your_config.ipynb."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -520,7 +528,8 @@ def figures(r: dict, out_dir: str) -> dict[str, str]:
 
 def published_scatter(rows: list[dict], path: str | None = None) -> Any:
     """Predicted against published tokens/s/p of `calibration_table` rows, coloured by family (fit points ringed,
-    excluded rows left out), log axes, the ±35 % band dotted. Saves to `path` when given; returns the figure."""
+    excluded rows left out), log axes, the ±35 % band dotted. Saves to `path` when given; returns the figure.
+    Taught in notebooks/12_your_config.ipynb."""
     import matplotlib
     if path:
         matplotlib.use("Agg")
@@ -550,7 +559,8 @@ def published_scatter(rows: list[dict], path: str | None = None) -> Any:
 
 def write_outputs(r: dict, out_dir: str, source_path: str | None = None) -> dict[str, str]:
     """Write improved.yaml (the user's YAML with only the best layout's keys changed; the original if no
-    change helps), report.md and report.html (with the pictures of `figures`) into `out_dir`."""
+    change helps), report.md and report.html (with the pictures of `figures`) into `out_dir`.
+    Taught in: no notebook; doctor/cli.py calls it."""
     import yaml
     os.makedirs(out_dir, exist_ok=True)
     d = copy.deepcopy(r["config"].raw)
@@ -594,7 +604,8 @@ def write_outputs(r: dict, out_dir: str, source_path: str | None = None) -> dict
 def load_with_mindformers(path: str) -> dict:
     """Load a YAML with mindformers' own MindFormerConfig and build its config classes from it:
     TransformerOpParallelConfig (parallel_config), TransformerRecomputeConfig (recompute_config), and
-    LlamaConfig (model.model_config, r1.x layout). mindformers' errors propagate."""
+    LlamaConfig (model.model_config, r1.x layout). mindformers' errors propagate.
+    Taught in notebooks/12_your_config.ipynb."""
     import inspect
     import logging
     import mindspore  # noqa: F401  (mindformers expects it imported first)

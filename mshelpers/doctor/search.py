@@ -17,7 +17,8 @@ from .variants import edited_yaml, layout_variant
 
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> dict:
-    """{dotted key: (old value, new value)} for the keys that differ (a key missing on one side is None)."""
+    """{dotted key: (old value, new value)} for the keys that differ (a key missing on one side is None).
+    Taught in notebooks/12_your_config.ipynb."""
     out = {}
     for k in sorted(set(old) | set(new), key=str):
         a, b = old.get(k), new.get(k)
@@ -36,7 +37,8 @@ def layout_name(c: Config) -> str:
     """A layout as one string naming every degree: dp, tp, pp, vpp, cp and, for MoE, ep and the expert shard (the
     ranks one expert's weights are split over, min(ep x tp, dp x tp), cost.expert_shard); then the micro-batch,
     micro-batches, sequence parallel, parallel optimizer, fully recomputed layers, selective recompute, and the
-    layers per stage when the stages are uneven."""
+    layers per stage when the stages are uneven.
+    Taught in: no notebook; doctor/report.py calls it."""
     lay = c.layout
     degrees = f"dp{lay.dp}-tp{lay.tp}-pp{lay.pp}-vpp{lay.vpp}-cp{lay.cp}"
     if c.model.moe is not None:
@@ -102,6 +104,7 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
     Rows: rank, layout, tokens_per_s_per_device, step_s, memory_GiB, fits, changes (dotted YAML keys), knobs
     (layout knobs changed), notes (an expert shard that moves with dp), and config: the variant, whose `raw` is
     its edited file.
+    Taught in: no notebook; doctor/__init__.py, doctor/cli.py, doctor/report.py call it.
     """
     if rank_by not in ("speed", "change"):
         raise DoctorError("rank_by", rank_by, "'speed' or 'change'")
@@ -196,7 +199,8 @@ def layout_answers(cfg: Config, hw: DoctorHardware, *, calib: Any = None, top: i
                    current_tokens_per_s: float | None = None) -> dict[str, list[dict]]:
     """One search, three answers: "fastest" (the top layouts by speed), "smallest" (the fewest knobs changed that
     fit, then fastest) and "smallest_gain" (the fewest knobs changed that predict more than +0.5 % over
-    `current_tokens_per_s`, then fastest)."""
+    `current_tokens_per_s`, then fastest).
+    Taught in: no notebook; doctor/__init__.py, doctor/report.py call it."""
     rows = _candidates(cfg, hw, devices=cfg.layout.devices, calib=calib, global_batch=None)
     out = {"fastest": _ranked(cfg, rows, "speed", top), "smallest": _ranked(cfg, rows, "change", 1)}
     if current_tokens_per_s:
@@ -268,7 +272,8 @@ _RULES = {
 
 
 def as_shipped_limit(cfg: Config) -> str:
-    """Why a config's own file pins its scale, in one line: the key, its value and mindformers' rule."""
+    """Why a config's own file pins its scale, in one line: the key, its value and mindformers' rule.
+    Taught in: no notebook; doctor/__init__.py, doctor/report.py call it."""
     lay = cfg.layout
     if cfg.dialect == "pynative":
         key, rule = _RULES["pynative"]
@@ -282,7 +287,8 @@ def smallest_fitting_scale(cfg: Config, hw: DoctorHardware, *, calib: Any = None
                            max_devices: int = 4096) -> dict | None:
     """The fewest devices (whole nodes, doubling from the config's own count), then the smallest global batch (a
     multiple of the config's, doubling), at which the search finds a layout that fits; with that layout's row.
-    None when nothing fits up to `max_devices`."""
+    None when nothing fits up to `max_devices`.
+    Taught in: no notebook; doctor/__init__.py, doctor/report.py call it."""
     if not (isinstance(max_devices, int) and not isinstance(max_devices, bool) and max_devices > 0):
         raise DoctorError("max_devices", max_devices, "a positive integer: the largest device count to try")
     B = cfg.layout.global_batch // cfg.layout.interleave

@@ -34,12 +34,14 @@ def _family(dialect: str) -> str:
 
 
 def rank_of(lay: Any, *, pp: int = 0, dp: int = 0, cp: int = 0, tp: int = 0) -> int:
-    """The global rank of the device at these coordinates (tp innermost, then cp, dp, and stages outermost)."""
+    """The global rank of the device at these coordinates (tp innermost, then cp, dp, and stages outermost).
+    Taught with the rest of doctor/topology.py in notebooks/12_your_config.ipynb."""
     return ((pp * lay.dp + dp) * lay.cp + cp) * lay.tp + tp
 
 
 def node_of(rank: int, devices_per_node: int) -> tuple[int, int]:
-    """(node, device) of a rank: ranks fill nodes in order (msrun / the rank table number them so)."""
+    """(node, device) of a rank: ranks fill nodes in order (msrun / the rank table number them so).
+    Taught with the rest of doctor/topology.py in notebooks/12_your_config.ipynb."""
     return divmod(rank, devices_per_node)
 
 
@@ -48,7 +50,8 @@ def groups(lay: Any, dialect: str = "r1.x") -> dict[str, list[int]]:
     reduction: data and context ranks hold the same parameters), EP (the all-to-all), EDP (the routed experts'
     gradient reduction: the ranks that hold the same expert shard) and PP (rank 0 and its next stage).
 
-    Every group of a kind has the same shape in these regular meshes, so rank 0's group stands for all."""
+    Every group of a kind has the same shape in these regular meshes, so rank 0's group stands for all.
+    Taught in notebooks/12_your_config.ipynb."""
     fam = _family(dialect)
     stage = lay.dp * lay.cp * lay.tp                            # ranks per pipeline stage
     out = {"TP": [rank_of(lay, tp=t) for t in range(lay.tp)],
@@ -76,7 +79,8 @@ def _check(ranks: Any, devices_per_node: Any) -> None:
 
 
 def span(ranks: list[int], devices_per_node: int) -> dict[str, Any]:
-    """How a group lies on the nodes: size, nodes crossed, most ranks on one node, and a short description."""
+    """How a group lies on the nodes: size, nodes crossed, most ranks on one node, and a short description.
+    Taught in: no notebook; collectives.py, doctor/__init__.py, doctor/cost.py call it."""
     _check(ranks, devices_per_node)
     nodes: dict[int, int] = {}
     for r in ranks:
@@ -99,7 +103,8 @@ def _intra_bw(hw: Any, per_node: int) -> float:
 
 def ring_link(hw: Any, sp: dict) -> tuple[float, float]:
     """(bytes/s per device, latency) of a ring collective (all-reduce, all-gather, reduce-scatter, P2P ring)
-    over a group laid out as `sp`: the slower of the links it crosses binds."""
+    over a group laid out as `sp`: the slower of the links it crosses binds.
+    Taught in: no notebook; collectives.py, doctor/cost.py call it."""
     if sp["nodes"] == 1:
         return _intra_bw(hw, sp["per_node"]), hw.intra_latency_s
     if sp["per_node"] == 1:
@@ -109,7 +114,8 @@ def ring_link(hw: Any, sp: dict) -> tuple[float, float]:
 
 def all_to_all_time(hw: Any, sp: dict, buffer_bytes: float) -> float:
     """Seconds (datasheet rates, no latency) of one all-to-all of `buffer_bytes` per rank: each rank keeps
-    1/n, sends (per_node - 1)/n over the node's mesh and the rest over its inter-node link, both at once."""
+    1/n, sends (per_node - 1)/n over the node's mesh and the rest over its inter-node link, both at once.
+    Taught in: no notebook; doctor/cost.py calls it."""
     n, r = sp["size"], sp["per_node"]
     if n < 2:
         return 0.0
@@ -119,7 +125,8 @@ def all_to_all_time(hw: Any, sp: dict, buffer_bytes: float) -> float:
 
 
 def placement(lay: Any, dialect: str, devices_per_node: int) -> list[dict]:
-    """Every group of the layout with its span, for the report: rows of group, size, span, nodes, link."""
+    """Every group of the layout with its span, for the report: rows of group, size, span, nodes, link.
+    Taught with the rest of doctor/topology.py in notebooks/12_your_config.ipynb."""
     out = []
     for name, ranks in groups(lay, dialect).items():
         sp = span(ranks, devices_per_node)
@@ -128,7 +135,8 @@ def placement(lay: Any, dialect: str, devices_per_node: int) -> list[dict]:
 
 
 def rank_map(lay: Any, dialect: str, devices_per_node: int, limit: int = 64) -> list[dict]:
-    """Rank -> (node, device, pp, dp, cp, tp, ep index) for the first `limit` ranks (notebook 12's table)."""
+    """Rank -> (node, device, pp, dp, cp, tp, ep index) for the first `limit` ranks (notebook 12's table).
+    Taught in notebooks/12_your_config.ipynb."""
     _check([0], devices_per_node)
     if not (isinstance(limit, int) and not isinstance(limit, bool) and limit > 0):
         raise DoctorError("limit", limit, "a positive integer: how many ranks to list")

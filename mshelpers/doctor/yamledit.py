@@ -19,11 +19,13 @@ _ANCHOR = re.compile(r"^[ ]*(?P<anchor>&[\w\-]+[ ]+)?")
 
 
 class YamlEditError(ValueError):
-    """The text could not be edited in place to the intended mapping (the caller dumps the file whole)."""
+    """The text could not be edited in place to the intended mapping (the caller dumps the file whole).
+    Taught in: no notebook; doctor/report.py calls it."""
 
 
 def flow(v: Any) -> str:
-    """A value as one line of YAML that mindformers' loader reads back as the same Python value."""
+    """A value as one line of YAML that mindformers' loader reads back as the same Python value.
+    Taught with the rest of doctor/yamledit.py in notebooks/12_your_config.ipynb."""
     if isinstance(v, bool):
         return "True" if v else "False"
     if v is None:
@@ -96,7 +98,8 @@ def _set(d: dict, dotted: str, v: Any) -> None:
 
 def edit_yaml_text(text: str, changes: dict[str, Any]) -> str:
     """`text` with each dotted key of `changes` set to its value, in place; every other line kept. Raises
-    YamlEditError when the edited text does not parse to the original mapping with those keys set."""
+    YamlEditError when the edited text does not parse to the original mapping with those keys set.
+    Taught in: no notebook; doctor/report.py calls it."""
     import yaml
     lines = text.split("\n")
     for dotted, v in changes.items():
@@ -139,7 +142,8 @@ def edit_yaml_text(text: str, changes: dict[str, Any]) -> str:
 
 def alias_paths(text: str) -> dict[str, list[str]]:
     """{dotted key: the other dotted keys that hold the same node}: an anchored value (`batch_size: &bs 1`) and
-    its aliases (`batch_size: *bs`), which change together when the anchored line does."""
+    its aliases (`batch_size: *bs`), which change together when the anchored line does.
+    Taught with the rest of doctor/yamledit.py in notebooks/12_your_config.ipynb."""
     import yaml
     try:
         root = yaml.compose(text)
@@ -178,7 +182,8 @@ def _get(d: Any, dotted: str) -> Any:
 def follow_derived(raw: dict, changes: dict[str, Any]) -> dict[str, Any]:
     """`changes` with the keys mindformers derives from a changed one: `parallel.dataset_strategy`'s first entry of
     each input is the data-parallel degree (mindformers checks it against data_parallel when full_batch is False),
-    so a literal one follows data_parallel; one written with an alias of dp follows it by itself."""
+    so a literal one follows data_parallel; one written with an alias of dp follows it by itself.
+    Taught in: no notebook; doctor/report.py calls it."""
     out = dict(changes)
     dp = changes.get("parallel_config.data_parallel")
     ds = (raw.get("parallel") or {}).get("dataset_strategy") if isinstance(raw.get("parallel"), dict) else None

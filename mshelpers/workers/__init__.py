@@ -2,6 +2,7 @@
 
 Run them with `mshelpers.launch.msrun(path, workers=2, args=[...])`; each writes its
 results with `mshelpers.launch.write_rank_result`. `script_path(name)` gives the path.
+Runs in notebooks/04_data_parallel.ipynb.
 """
 from pathlib import Path
 

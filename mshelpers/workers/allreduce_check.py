@@ -4,6 +4,7 @@
 
 `--fail-rank R` makes rank R exit with an error before joining the cluster, to show how
 mshelpers.launch.msrun reports a failed rank.
+Runs in notebooks/04_data_parallel.ipynb.
 """
 import argparse
 import os

@@ -15,6 +15,7 @@ it and continue in step.
 Message size ("bytes") is the full float32 buffer the op is about: the all-reduced tensor, the
 gathered output of an all-gather, the input of a reduce-scatter, the broadcast tensor (NCCL-tests'
 convention). Each rank reports its own median; the launcher takes the slowest rank's.
+Runs in notebooks/04_data_parallel.ipynb.
 """
 import argparse
 import os

@@ -10,6 +10,7 @@ gradients over ranks with `nn.DistributedGradReducer` (gradients_mean=True), cli
 the global norm of the averaged gradients and steps AdamW. Several runs share one msrun
 launch to pay the startup once. `train_dp` also runs in a plain process (world = 1): the
 single-process baseline with the same step code.
+Runs in notebooks/04_data_parallel.ipynb.
 """
 from __future__ import annotations
 

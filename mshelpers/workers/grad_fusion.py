@@ -32,6 +32,7 @@ With MS_DEV_SAVE_GRAPHS_PATH set (`compiling.ir_dump_env(dir)` in msrun's env), 
 is moved, once compiled, to <that dir>/by_graph/rank_<r>/<name>/ and its AllReduce kernels are counted
 (`compiling.count_kernels`): whether a setting changed the number of all-reduces the CPU launches.
 `merge_ranks` (launcher side) turns the ranks' results into one record: the slowest rank per round.
+Runs in notebooks/04_data_parallel.ipynb.
 """
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ On CPU (`--cpu-check`), MindSpore refuses semi-auto parallel. The worker then sh
 micro-batches accumulated by `mshelpers.train_step` (the step every notebook trains with, op by op here),
 checks the accumulated gradient against one pass over the rank's whole slice, takes `--steps` steps on one
 global batch (so its loss must fall) and writes per-rank results (shapes, losses, weights checksum).
+Runs in notebooks/05_semi_auto_parallel.ipynb.
 """
 import argparse
 import time

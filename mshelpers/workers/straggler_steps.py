@@ -16,6 +16,7 @@ Two phases share one launch: "clean", then "slowed", where `--slow-rank` runs it
 backward `--slow-factor` times per step (a device that is that many times slower; only the last
 gradients are used, so training is unchanged). The first `--warmup` steps of each phase (compile)
 are left out of the result.
+Runs in notebooks/08_profiling.ipynb.
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ bytes. Results go to write_rank_result (see mshelpers.launch).
 Under semi_auto_parallel the same split comes from shard strategies, e.g. for x @ W with
 x: (b·s, h) and mp = 2: column split `MatMul().shard(((dp, 1), (1, mp)))`, row split
 `MatMul().shard(((dp, mp), (mp, 1)))`; MindSpore then inserts the AllReduce itself.
+Runs in notebooks/05_semi_auto_parallel.ipynb.
 """
 import argparse
 import os
