@@ -1,6 +1,6 @@
 """Device and link profiles for the planner, each figure with its source; the doctor prices every one of them.
 
-`Hardware` is the planner's view of a doctor profile (`mshelpers.doctor.hardware`): a peak, the links inside and
+`Hardware` is the planner's view of a doctor profile (`mshelpers.doctor.profiles`): a peak, the links inside and
 between nodes, their latencies, and where each figure comes from. `REFERENCE_HARDWARE` holds cited profiles
 (NVIDIA datasheets, and the doctor's Atlas 800T A2 as "ascend-910b"); `Hardware.from_measurement` makes one of
 this machine from measured collectives (`mshelpers.collectives`); `to_doctor()` gives the doctor's
@@ -200,7 +200,7 @@ class Hardware:
 # "900 GB/s NVLink" is the bidirectional total, so it enters as 450e9. Peaks are dense 16-bit tensor
 # FLOP/s (vendors also print 2x "with sparsity" figures). These are datasheet (theoretical) figures:
 # NCCL-tests bus bandwidths reach roughly 70-90 % of them, and latencies are left at 0 because the
-# datasheets give none. The Ascend profile is the doctor's (mshelpers/doctor/hardware.py), made on first use.
+# datasheets give none. The Ascend profile is the doctor's (mshelpers/doctor/profiles.py), made on first use.
 _A100_DS = "NVIDIA A100 datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
 _H100_DS = "NVIDIA H100 datasheet, https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
 

@@ -27,7 +27,7 @@ from typing import Any
 # ------------------------------------------------------------------ the MFU denominator
 # Datasheet peaks for dense matrix math (no sparsity), FLOP/s per device. Each entry cites its source. This is the
 # cookbook's one datasheet table: hardware.REFERENCE_HARDWARE's NVIDIA profiles read their peaks from it. The
-# Ascend 910B row is the doctor's (doctor/hardware.py ASCEND_910B_PEAK, which its Atlas A2 profiles are built
+# Ascend 910B row is the doctor's (doctor/profiles.py ASCEND_910B_PEAK, which its Atlas A2 profiles are built
 # from when the doctor/ folder is imported, with or without this file beside it), read from there on first use.
 _DATASHEET_ROWS: dict[str, dict[str, Any] | None] = {
     "Ascend 910A": {"float16": 256e12, "bfloat16": None,
@@ -45,12 +45,12 @@ _DATASHEET_ROWS: dict[str, dict[str, Any] | None] = {
 
 
 def _ascend_910b_row() -> dict[str, Any]:
-    """The doctor's 910B datasheet row (doctor/hardware.py ASCEND_910B_PEAK): the doctor's folder imports without
+    """The doctor's 910B datasheet row (doctor/profiles.py ASCEND_910B_PEAK): the doctor's folder imports without
     this file, so the figure lives there and this table reads it."""
     if __package__:
-        from .doctor.hardware import ASCEND_910B_PEAK
+        from .doctor.profiles import ASCEND_910B_PEAK
     else:  # copied beside its siblings as plain files (the doctor/ folder beside this one)
-        from doctor.hardware import ASCEND_910B_PEAK
+        from doctor.profiles import ASCEND_910B_PEAK
     return ASCEND_910B_PEAK
 
 

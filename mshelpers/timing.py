@@ -280,7 +280,7 @@ def decide(base: list[float], cand: list[float], aa: list[float], higher_is_bett
         >>> decide([10, 10, 10], [11, 9, 10.5], [13, 8, 11], higher_is_better=False)[0]
         'too noisy'
 
-    Taught in: no notebook; report.py calls it.
+    Taught in: no notebook; report.py (claim_timing) calls it.
     """
     import math
     import statistics

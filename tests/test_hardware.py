@@ -175,7 +175,7 @@ def test_from_doctor_maps_every_figure_and_names_every_source():
     import dataclasses
     from types import SimpleNamespace
 
-    from mshelpers.doctor.hardware import DoctorHardware
+    from mshelpers.doctor.profiles import DoctorHardware
     prof = DoctorHardware(name="X", peak_flops={"float16": 400.0, "bfloat16": 300.0}, hbm_bytes_per_s=7.0,
                           intra_link_bytes_per_s=5.0, links_per_device=3, inter_bytes_per_s=2.0, devices_per_node=4,
                           intra_latency_s=1e-6, inter_latency_s=3e-6, memory_bytes=11.0, dp_overlap=0.25,
@@ -206,7 +206,7 @@ def test_to_doctor_carries_each_changed_figure_back_into_the_profile():
     import dataclasses
 
     from mshelpers import doctor as D
-    from mshelpers.doctor.hardware import DoctorHardware
+    from mshelpers.doctor.profiles import DoctorHardware
     prof = DoctorHardware(name="X", peak_flops={"float16": 400.0, "bfloat16": 300.0, "float32": 100.0},
                           hbm_bytes_per_s=7.0, intra_link_bytes_per_s=5.0, links_per_device=3, inter_bytes_per_s=2.0,
                           devices_per_node=4, intra_latency_s=1e-6, inter_latency_s=3e-6, memory_bytes=11.0,
@@ -234,7 +234,7 @@ def test_each_datasheet_figure_is_typed_once():
     peak of the doctor's profile is peak.cpu_peak_flops on the clock hardware_peak_flops uses."""
     import os
     from mshelpers import doctor, peak
-    from mshelpers.doctor.hardware import ASCEND_910B_PEAK
+    from mshelpers.doctor.profiles import ASCEND_910B_PEAK
     table = peak.DATASHEET_PEAK_FLOPS
     assert list(table) == list(table.keys()) == [k for k, _ in table.items()] == \
         ["Ascend 910A", "Ascend 910B", "NVIDIA A100 SXM", "NVIDIA H100 SXM"]

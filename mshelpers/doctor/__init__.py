@@ -18,7 +18,7 @@ report and logs use all of them; the CLI uses report and logs):
   readers.py      a file in any dialect -> one Model + one Layout (read_config, with_layout)
   variants.py     the same model on another layout (layout_variant: dataclasses.replace, no YAML), and the file
                   of a layout that is written out (edited_yaml)
-  hardware.py     Ascend profiles, each figure with its source; "cpu" is this machine
+  profiles.py     Ascend profiles, each figure with its source; "cpu" is this machine
   topology.py     ranks placed on nodes in mindformers' order per dialect; the span and links of each group
   cost.py         FLOPs, parameters, the step decomposed on the links each group crosses, memory per stage
                   (never sees a YAML)
@@ -28,7 +28,7 @@ report and logs use all of them; the CLI uses report and logs):
   calibration.py  the fit, the error by family, leave-one-family-out, rankings and Kendall's tau
   heldout.py      the runs kept apart (another Ascend stack, never fitted on), priced and summarised
   logs.py         a mindformers training log or metrics.csv -> measured steps
-  report.py       the verdict, the tables, the pictures, the improved YAML
+  diagnosis.py    the verdict, the tables, the pictures, the improved YAML
   yamledit.py     the improved YAML as the user's text with only the changed keys edited (comments, anchors kept)
   cpu_check.py    the cost model checked on this CPU against the mini LLaMA (notebook 12)
   cli.py          the command line
@@ -55,10 +55,10 @@ from .cpu_check import (CPU_ALLREDUCE_SIZES, CPU_CHECK_SET, CPU_FIT_SET, cpu_che
                         fit_cpu_calibration, measure_cpu_steps, mini_config, predict_cpu)
 from .describe import EXPECTED_ERROR, FIT_FILES, Config, DoctorError, Layout, Model, MoE
 from .heldout import heldout_runs, price as heldout_price, summarise as heldout_summary
-from .hardware import HARDWARE, HARDWARE_NAMES, DoctorHardware, hardware
+from .profiles import HARDWARE, HARDWARE_NAMES, DoctorHardware, hardware
 from .published import PUBLISHED
 from .readers import ALIASES, dialect_of, load_yaml, parse_size, read_config, read_model, stage_split, with_layout
-from .report import (diagnose, figures, load_with_mindformers, published_scatter, render_text, summary_json,
+from .diagnosis import (diagnose, figures, load_with_mindformers, published_scatter, render_text, summary_json,
                      write_outputs)
 from .search import as_shipped_limit, better_layouts, changed_keys, layout_answers, smallest_fitting_scale
 from .topology import groups as rank_groups, rank_map, span as group_span

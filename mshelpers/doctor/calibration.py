@@ -17,7 +17,7 @@ from typing import Any
 
 from .cost import memory_per_stage, step_time
 from .describe import CALIBRATION, FIT_FILES, Calibration
-from .hardware import DoctorHardware, hardware
+from .profiles import DoctorHardware, hardware
 from .published import PUBLISHED
 from .readers import read_config, with_layout
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 from .cost import flops_per_token, step_time
 from .describe import DoctorError
-from .hardware import HARDWARE_NAMES
+from .profiles import HARDWARE_NAMES
 from . import logs as _logs  # noqa: F401  (imported here so measured_run finds it)
-from .report import diagnose, render_text, summary_json, write_outputs
+from .diagnosis import diagnose, render_text, summary_json, write_outputs
 from .search import better_layouts
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from .calibration import Calibration
 from .cost import step_time
 from .describe import Config, DoctorError
-from .hardware import DoctorHardware
+from .profiles import DoctorHardware
 from .readers import read_config
 
 CPU_FIT_SET = (("single", "none"),)

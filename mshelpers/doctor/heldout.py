@@ -18,7 +18,7 @@ from dataclasses import replace
 from .calibration import fixture_dir
 from .cost import memory_per_stage, step_time, with_reserve
 from .describe import CALIBRATION
-from .hardware import hardware
+from .profiles import hardware
 from .readers import read_config
 
 

@@ -161,7 +161,7 @@ def key_flags(d: dict, dialect: str, model_priced: frozenset = frozenset()) -> l
 
     Each flag: {"key": dotted key, "kind": "unknown" | "missing section", "suggestion": nearest known key or None,
     "text": one line}. A key unknown in its section but known in another says where it belongs.
-    Taught in: no notebook; doctor/describe.py, doctor/readers.py, doctor/report.py call it."""
+    Taught in: no notebook; doctor/describe.py, doctor/readers.py, doctor/diagnosis.py call it."""
     fam = "pynative" if dialect == "pynative" else "static"
     sections = SECTIONS[fam]
     vocab = {s: _known(s, model_priced) for s, _ in sections}

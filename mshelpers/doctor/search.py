@@ -12,7 +12,7 @@ from typing import Any
 
 from .cost import expert_shard, head_flops, layer_ops, memory_per_stage, step_time
 from .describe import Config, DoctorError
-from .hardware import DoctorHardware
+from .profiles import DoctorHardware
 from .variants import edited_yaml, layout_variant
 
 
@@ -38,7 +38,7 @@ def layout_name(c: Config) -> str:
     ranks one expert's weights are split over, min(ep x tp, dp x tp), cost.expert_shard); then the micro-batch,
     micro-batches, sequence parallel, parallel optimizer, fully recomputed layers, selective recompute, and the
     layers per stage when the stages are uneven.
-    Taught in: no notebook; doctor/report.py calls it."""
+    Taught in: no notebook; doctor/diagnosis.py calls it."""
     lay = c.layout
     degrees = f"dp{lay.dp}-tp{lay.tp}-pp{lay.pp}-vpp{lay.vpp}-cp{lay.cp}"
     if c.model.moe is not None:
@@ -104,7 +104,7 @@ def better_layouts(cfg: Config, hw: DoctorHardware, *, devices: int | None = Non
     Rows: rank, layout, tokens_per_s_per_device, step_s, memory_GiB, fits, changes (dotted YAML keys), knobs
     (layout knobs changed), notes (an expert shard that moves with dp), and config: the variant, whose `raw` is
     its edited file.
-    Taught in: no notebook; doctor/__init__.py, doctor/cli.py, doctor/report.py call it.
+    Taught in: no notebook; doctor/__init__.py, doctor/cli.py, doctor/diagnosis.py call it.
     """
     if rank_by not in ("speed", "change"):
         raise DoctorError("rank_by", rank_by, "'speed' or 'change'")
@@ -200,7 +200,7 @@ def layout_answers(cfg: Config, hw: DoctorHardware, *, calib: Any = None, top: i
     """One search, three answers: "fastest" (the top layouts by speed), "smallest" (the fewest knobs changed that
     fit, then fastest) and "smallest_gain" (the fewest knobs changed that predict more than +0.5 % over
     `current_tokens_per_s`, then fastest).
-    Taught in: no notebook; doctor/__init__.py, doctor/report.py call it."""
+    Taught in: no notebook; doctor/__init__.py, doctor/diagnosis.py call it."""
     rows = _candidates(cfg, hw, devices=cfg.layout.devices, calib=calib, global_batch=None)
     out = {"fastest": _ranked(cfg, rows, "speed", top), "smallest": _ranked(cfg, rows, "change", 1)}
     if current_tokens_per_s:
@@ -273,7 +273,7 @@ _RULES = {
 
 def as_shipped_limit(cfg: Config) -> str:
     """Why a config's own file pins its scale, in one line: the key, its value and mindformers' rule.
-    Taught in: no notebook; doctor/__init__.py, doctor/report.py call it."""
+    Taught in: no notebook; doctor/__init__.py, doctor/diagnosis.py call it."""
     lay = cfg.layout
     if cfg.dialect == "pynative":
         key, rule = _RULES["pynative"]
@@ -288,7 +288,7 @@ def smallest_fitting_scale(cfg: Config, hw: DoctorHardware, *, calib: Any = None
     """The fewest devices (whole nodes, doubling from the config's own count), then the smallest global batch (a
     multiple of the config's, doubling), at which the search finds a layout that fits; with that layout's row.
     None when nothing fits up to `max_devices`.
-    Taught in: no notebook; doctor/__init__.py, doctor/report.py call it."""
+    Taught in: no notebook; doctor/__init__.py, doctor/diagnosis.py call it."""
     if not (isinstance(max_devices, int) and not isinstance(max_devices, bool) and max_devices > 0):
         raise DoctorError("max_devices", max_devices, "a positive integer: the largest device count to try")
     B = cfg.layout.global_batch // cfg.layout.interleave

@@ -20,7 +20,7 @@ _ANCHOR = re.compile(r"^[ ]*(?P<anchor>&[\w\-]+[ ]+)?")
 
 class YamlEditError(ValueError):
     """The text could not be edited in place to the intended mapping (the caller dumps the file whole).
-    Taught in: no notebook; doctor/report.py calls it."""
+    Taught in: no notebook; doctor/diagnosis.py calls it."""
 
 
 def flow(v: Any) -> str:
@@ -99,7 +99,7 @@ def _set(d: dict, dotted: str, v: Any) -> None:
 def edit_yaml_text(text: str, changes: dict[str, Any]) -> str:
     """`text` with each dotted key of `changes` set to its value, in place; every other line kept. Raises
     YamlEditError when the edited text does not parse to the original mapping with those keys set.
-    Taught in: no notebook; doctor/report.py calls it."""
+    Taught in: no notebook; doctor/diagnosis.py calls it."""
     import yaml
     lines = text.split("\n")
     for dotted, v in changes.items():
@@ -183,7 +183,7 @@ def follow_derived(raw: dict, changes: dict[str, Any]) -> dict[str, Any]:
     """`changes` with the keys mindformers derives from a changed one: `parallel.dataset_strategy`'s first entry of
     each input is the data-parallel degree (mindformers checks it against data_parallel when full_batch is False),
     so a literal one follows data_parallel; one written with an alias of dp follows it by itself.
-    Taught in: no notebook; doctor/report.py calls it."""
+    Taught in: no notebook; doctor/diagnosis.py calls it."""
     out = dict(changes)
     dp = changes.get("parallel_config.data_parallel")
     ds = (raw.get("parallel") or {}).get("dataset_strategy") if isinstance(raw.get("parallel"), dict) else None

@@ -108,7 +108,7 @@ def test_an_oom_names_the_dominant_term_and_the_smallest_change_first(tmp_path, 
     assert r["fits"] is False
     part = max(zip(r["memory"]["per_stage_bytes"], r["memory"]["per_stage_breakdown"]), key=lambda t: t[0])[1]
     biggest = max(("params", "grads", "optimizer_states", "activations"), key=part.get)
-    term, size = D.report.dominant_term(r["memory"])
+    term, size = D.diagnosis.dominant_term(r["memory"])
     assert size == part[biggest] and term.startswith({"activations": "activations", "optimizer_states": "optimizer",
                                                       "params": "parameters", "grads": "gradients"}.get(biggest, "-"))
     assert f"the largest term is {term}, {size / 2**30:.1f} GiB" in r["verdict"]

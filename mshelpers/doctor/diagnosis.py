@@ -11,7 +11,7 @@ from typing import Any
 from .calibration import CALIBRATION, Calibration
 from .cost import TERMS, expert_shard, memory_per_stage, memory_reserve, mtp_params, param_count, step_time, with_reserve
 from .describe import EXPECTED_ERROR, DoctorError
-from .hardware import hardware
+from .profiles import hardware
 from .readers import read_config
 from .yamledit import YamlEditError, edit_yaml_text, follow_derived
 from .search import as_shipped_limit, better_layouts, layout_answers, layout_name, smallest_fitting_scale
@@ -132,7 +132,7 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
 def expected_error(cfg: Any, hw: Any) -> dict:
     """The error band a prediction carries: leave-one-family-out on mindformers' cards (describe.EXPECTED_ERROR),
     dense or MoE as the model is. None on hardware the cards were not published on (the CPU: its own check).
-    Taught with the rest of doctor/report.py in notebooks/12_your_config.ipynb."""
+    Taught with the rest of doctor/diagnosis.py in notebooks/12_your_config.ipynb."""
     if not getattr(hw, "device_pool", True):
         return {"kind": None, "text": ""}
     kind = "moe" if cfg.model.moe is not None else "dense"
@@ -149,7 +149,7 @@ RELEASE_SPLIT = ((1, 4, 0), (1, 5, 0))
 def release_pair(path_or_dict: Any, cfg: Any, hw: Any, calib: Any, budget: Any, model_config: Any,
                  release: Any) -> dict | None:
     """The file's price on each side of a release split, when the user gave no release and the two differ.
-    Taught with the rest of doctor/report.py in notebooks/12_your_config.ipynb."""
+    Taught with the rest of doctor/diagnosis.py in notebooks/12_your_config.ipynb."""
     if release not in (None, "", ()) or cfg.release or cfg.dialect != "r1.x" or cfg.model.moe is None:
         return None
     old = read_config(path_or_dict, budget=budget, model_config=model_config, release=RELEASE_SPLIT[0])
@@ -242,7 +242,7 @@ def _row_json(row: dict) -> dict:
 def comm_groups(st: dict) -> list[dict]:
     """The step's communication groups of more than one rank (cost.step_time's "groups": group, size, span,
     nodes, link, time_s); [] when the cost model does not place ranks.
-    Taught with the rest of doctor/report.py in notebooks/12_your_config.ipynb."""
+    Taught with the rest of doctor/diagnosis.py in notebooks/12_your_config.ipynb."""
     return [dict(g) for g in st.get("groups", []) if g.get("size", 0) > 1]
 
 
