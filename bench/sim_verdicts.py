@@ -6,7 +6,8 @@ timing.verdict (difference of medians against the widest range).
 Every simulated run drifts with its round (sigma 10 % between rounds: a machine that slows down) and has its own
 log-normal noise. Prints, per number of rounds and run noise: the share of no-ops called a change (a false 'win'
 or 'regression', should be near 0), the share left 'too noisy' (no verdict, no failure), and the share of real
-changes (10 % and 20 % faster) found. Notebook 09's introduction and docs/measurements.md quote its output.
+changes (10 % and 20 % faster) found. Notebook 09's introduction quotes its output; docs/measurements.md holds it in a
+block `python bench/doctor_tables.py --write` rewrites from `render()` (tests/test_timing.py holds the two equal).
 """
 from __future__ import annotations
 
@@ -31,25 +32,30 @@ def share(got: list, which: int, *verdicts: str) -> str:
     return f"{sum(g[which] in verdicts for g in got) / len(got):.1%}"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--trials", type=int, default=20000)
-    n = ap.parse_args().trials
+def render(n: int = 20000) -> str:
+    """The two tables (no-ops, real changes), seeded: the same text on any machine and every run."""
     rng = random.Random(0)
-    print("| rounds | run noise | no-op called a change: paired + A/A | too noisy | no control: called | too noisy |\n"
-          "|---|---|---|---|---|---|")
+    L = ["| rounds | run noise | no-op called a change: paired + A/A | too noisy | no control: called | too noisy |",
+         "|---|---|---|---|---|---|"]
     for rounds in (2, 3, 4, 6):
         for noise in (0.03, 0.10):
             got = [trial(rounds, noise, 0.0, rng) for _ in range(n)]
-            print(f"| {rounds} | {noise:.0%} | {share(got, 0, 'win', 'regression')} | {share(got, 0, 'too noisy')} | "
-                  f"{share(got, 1, 'win', 'regression')} | {share(got, 1, 'too noisy')} |")
+            L.append(f"| {rounds} | {noise:.0%} | {share(got, 0, 'win', 'regression')} | {share(got, 0, 'too noisy')} | "
+                     f"{share(got, 1, 'win', 'regression')} | {share(got, 1, 'too noisy')} |")
     rng = random.Random(1)
-    print("\n| rounds | change | found: paired + A/A | too noisy | no control: found |\n|---|---|---|---|---|")
+    L += ["", "| rounds | change | found: paired + A/A | too noisy | no control: found |", "|---|---|---|---|---|"]
     for rounds in (2, 3, 4, 6):
         for effect in (0.10, 0.20):
             got = [trial(rounds, 0.05, effect, rng) for _ in range(n)]
-            print(f"| {rounds} | {effect:.0%} faster | {share(got, 0, 'win')} | {share(got, 0, 'too noisy')} | "
-                  f"{share(got, 1, 'win')} |")
+            L.append(f"| {rounds} | {effect:.0%} faster | {share(got, 0, 'win')} | {share(got, 0, 'too noisy')} | "
+                     f"{share(got, 1, 'win')} |")
+    return "\n".join(L)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=20000)
+    print(render(ap.parse_args().trials))
     return 0
 
 

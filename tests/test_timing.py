@@ -400,3 +400,20 @@ def test_a_metric_that_repeats_exactly_needs_a_two_percent_change():
     assert verdict([1688.0, 1688.0], [1711.0, 1712.0], higher_is_better=False) == "within noise"   # +1.4 %
     assert verdict([1688.0, 1688.0], [1750.0, 1751.0], higher_is_better=False) == "regression"     # +3.7 %
     assert verdict([1688.0, 1688.0], [1711.0, 1712.0], higher_is_better=False, rel_floor=0) == "regression"
+
+
+def test_measurements_simulation_block_is_what_the_code_gives(tmp_path):
+    """docs/measurements.md's A/A simulation tables are generated (bench/sim_verdicts.py, seeded), never typed:
+    `python bench/doctor_tables.py --write` rewrites them."""
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    from bench import doctor_tables as T
+    block = T.current(T.MEASUREMENTS, T.SIM_BEGIN, T.SIM_END)
+    assert block is not None, "docs/measurements.md lost its simulated-verdicts block (bench/doctor_tables.py markers)"
+    assert block == T.render_sim(), "run: python bench/doctor_tables.py --write"
+    # the check can fail: a typed figure inside the block differs from the code's
+    typed = tmp_path / "m.md"
+    typed.write_text("intro\n" + block.replace("| 2 | 3% | ", "| 2 | 3% | 9", 1) + "\nend\n")
+    assert T.current(typed, T.SIM_BEGIN, T.SIM_END) != block
