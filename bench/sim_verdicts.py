@@ -40,8 +40,8 @@ def render(n: int = 20000) -> str:
     for rounds in (2, 3, 4, 6):
         for noise in (0.03, 0.10):
             got = [trial(rounds, noise, 0.0, rng) for _ in range(n)]
-            L.append(f"| {rounds} | {noise:.0%} | {share(got, 0, 'win', 'regression')} | {share(got, 0, 'too noisy')} | "
-                     f"{share(got, 1, 'win', 'regression')} | {share(got, 1, 'too noisy')} |")
+            L.append(f"| {rounds} | {noise:.0%} | {share(got, 0, 'win', 'regression')} | "
+                     f"{share(got, 0, 'too noisy')} | {share(got, 1, 'win', 'regression')} | {share(got, 1, 'too noisy')} |")
     rng = random.Random(1)
     L += ["", "| rounds | change | found: paired + A/A | too noisy | no control: found |", "|---|---|---|---|---|"]
     for rounds in (2, 3, 4, 6):
