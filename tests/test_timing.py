@@ -407,13 +407,12 @@ def test_measurements_simulation_block_is_what_the_code_gives(tmp_path):
     `python bench/doctor_tables.py --write` rewrites them."""
     import sys
     from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root))
-    from bench import doctor_tables as T
-    block = T.current(T.MEASUREMENTS, T.SIM_BEGIN, T.SIM_END)
-    assert block is not None, "docs/measurements.md lost its simulated-verdicts block (bench/doctor_tables.py markers)"
-    assert block == T.render_sim(), "run: python bench/doctor_tables.py --write"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import sim_verdicts as S
+    block = S.current()
+    assert block is not None, "docs/measurements.md lost its simulated-verdicts block (bench/sim_verdicts.py markers)"
+    assert block == S.render_block(), "run: python bench/doctor_tables.py --write"
     # the check can fail: a typed figure inside the block differs from the code's
     typed = tmp_path / "m.md"
     typed.write_text("intro\n" + block.replace("| 2 | 3% | ", "| 2 | 3% | 9", 1) + "\nend\n")
-    assert T.current(typed, T.SIM_BEGIN, T.SIM_END) != block
+    assert S.current(typed) != block
