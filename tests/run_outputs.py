@@ -115,10 +115,10 @@ def main(argv: list[str]) -> int:
         tmp = nb.with_suffix(".ipynb.tmp")
         tmp.write_text(json.dumps(d, indent=1, ensure_ascii=False) + "\n")
         os.replace(tmp, nb)
-    if any(nb.name == "12_your_config.ipynb" for nb in per):   # README's generated figures come from this run
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import readme_figures
-        readme_figures.write()
+    # README's and docs/field_tools.md's generated figures come from this run (the blocks of the notebooks run)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import readme_figures
+    readme_figures.write_for([nb.name for nb in per])
     print(f"run {run['run_id']}: {len(per)} notebooks, load {run['load_start']} -> {run['load_end']}")
     return 0
 

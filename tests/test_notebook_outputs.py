@@ -277,6 +277,35 @@ def test_readme_figures_are_the_committed_runs(tmp_path):
     assert not readme_figures.write(bare) and bare.read_text() == "no block\n"
 
 
+def test_field_tools_profile_figures_are_the_committed_runs(tmp_path):
+    """docs/field_tools.md's profile figures (notebook 08's parsers on its committed profile) are generated."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import readme_figures
+    block = readme_figures.current(readme_figures.FIELD_TOOLS, readme_figures.PROFILE_BEGIN, readme_figures.PROFILE_END)
+    assert block is not None, "docs/field_tools.md lost its profile-figures block (tests/readme_figures.py markers)"
+    assert block == readme_figures.render_profile(), ("docs/field_tools.md's profile figures differ from the committed "
+                                                      "run's; fix: `python tests/readme_figures.py` (make outputs)")
+    # the check can fail: a typed figure inside the block is caught, and the writer puts the run's back
+    doc = tmp_path / "field_tools.md"
+    doc.write_text("intro\n" + block.replace("MatMul leads with", "MatMul leads with 39.2 %,") + "\nend\n")
+    assert readme_figures.current(doc, readme_figures.PROFILE_BEGIN, readme_figures.PROFILE_END) != block
+    assert readme_figures.write_profile(doc)
+    assert readme_figures.current(doc, readme_figures.PROFILE_BEGIN, readme_figures.PROFILE_END) == block
+    assert doc.read_text().startswith("intro\n") and doc.read_text().endswith("\nend\n")
+    bare = tmp_path / "bare.md"
+    bare.write_text("no block\n")
+    assert not readme_figures.write_profile(bare) and bare.read_text() == "no block\n"
+    # make outputs rewrites the blocks of the notebooks it ran, and only those
+    calls = []
+    blocks = dict(readme_figures.BLOCKS)
+    try:
+        readme_figures.BLOCKS.update({k: (lambda k=k: calls.append(k) or True) for k in blocks})
+        assert readme_figures.write_for(["08_profiling.ipynb", "01_pynative_baseline.ipynb"])
+        assert calls == ["08_profiling.ipynb"]
+    finally:
+        readme_figures.BLOCKS.update(blocks)
+
+
 def test_busy_neighbour_sorts_verdicts_against_the_committed_run():
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import busy_neighbour

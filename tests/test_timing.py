@@ -400,3 +400,19 @@ def test_a_metric_that_repeats_exactly_needs_a_two_percent_change():
     assert verdict([1688.0, 1688.0], [1711.0, 1712.0], higher_is_better=False) == "within noise"   # +1.4 %
     assert verdict([1688.0, 1688.0], [1750.0, 1751.0], higher_is_better=False) == "regression"     # +3.7 %
     assert verdict([1688.0, 1688.0], [1711.0, 1712.0], higher_is_better=False, rel_floor=0) == "regression"
+
+
+def test_measurements_simulation_block_is_what_the_code_gives(tmp_path):
+    """docs/measurements.md's A/A simulation tables are generated (bench/sim_verdicts.py, seeded), never typed:
+    `python bench/doctor_tables.py --write` rewrites them."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import sim_verdicts as S
+    block = S.current()
+    assert block is not None, "docs/measurements.md lost its simulated-verdicts block (bench/sim_verdicts.py markers)"
+    assert block == S.render_block(), "run: python bench/doctor_tables.py --write"
+    # the check can fail: a typed figure inside the block differs from the code's
+    typed = tmp_path / "m.md"
+    typed.write_text("intro\n" + block.replace("| 2 | 3% | ", "| 2 | 3% | 9", 1) + "\nend\n")
+    assert S.current(typed) != block
