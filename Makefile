@@ -10,7 +10,7 @@ venv: $(STAMP)
 
 # uv installs the pinned stack faster than pip (same versions: docs/measurements.md). --compile-bytecode: this
 # machine sets PYTHONDONTWRITEBYTECODE=1, so without .pyc files every process would compile MindSpore and
-# mindformers from source (the unit tests took 671 s instead of 433)
+# mindformers from source (the unit tests take about half as long again without them)
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q $$(grep '^uv==' requirements.txt)
@@ -55,10 +55,10 @@ unit: $(STAMP)
 # alternated rounds, so they run two at a time (one kernel per notebook).
 NB_SOLO := notebooks/00_environment.ipynb notebooks/04_data_parallel.ipynb notebooks/05_semi_auto_parallel.ipynb notebooks/08_profiling.ipynb \
            notebooks/12_your_config.ipynb
-# Longest first (seconds two at a time, 2026-12-01: 09 432, 03 329, 02 196, 06 169, 07 162, the rest under 75),
+# Longest first (pytest --durations in the nbval step shows each notebook's time two at a time),
 # in this order: a free worker takes the next file, so the longest must not start last. NBVAL_PIN_CORES=1 keeps each
 # worker, and every kernel and process it starts, to one core of its own (conftest.py): unpinned, the two kernels'
-# thread pools trade both cores back and forth (docs/measurements.md for the figures). xdist would sort
+# thread pools trade both cores back and forth (docs/measurements.md says how that was compared). xdist would sort
 # the files by cell count instead (09 has 11 cells), hence --no-loadscope-reorder.
 NB_LONGEST := notebooks/09_evaluation_report.ipynb notebooks/03_mixed_precision.ipynb notebooks/02_graph_mode.ipynb \
               notebooks/06_recompute_memory.ipynb notebooks/07_mindir_aoe.ipynb
