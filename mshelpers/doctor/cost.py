@@ -618,9 +618,8 @@ def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
 
 
 def in_flight(lay: Any) -> list:
-    """Micro-batches each pipeline stage holds at its peak under the layout's schedule (gpipe, 1f1b, interleaved
-    with its order): `pipeline.pipeline_in_flight`, the one rule the doctor and the planner price with (1 without
-    a pipeline)."""
+    """Micro-batches each stage holds at its peak under the layout's schedule (and interleaved order), 1 without a
+    pipeline: `pipeline.pipeline_in_flight`, the one rule the doctor and the planner price with."""
     if lay.pp == 1:
         return [1]
     if "." in __package__:

@@ -581,7 +581,8 @@ def _read_config(path_or_dict: Any, budget: Any, model_config: Any, devices: int
 
 # ---------------------------------------------------------------- a variant read again (the slow way)
 def with_layout(cfg: Config, **kw) -> Config:
-    """A variant the slow way: the file edited in its own dialect (edited_yaml) and read again. The search
-    uses variants.layout_variant, which tests/doctor/test_search.py checks prices exactly like this."""
+    """A variant the slow way: the file edited in its own dialect (edited_yaml) and read again. The search and the
+    planner (adapt.on_degrees) use variants.layout_variant instead, which tests/doctor/test_search.py and
+    tests/doctor/test_one_price.py check prices exactly like this."""
     return read_config(edited_yaml(cfg, **kw), budget=cfg.budget_bytes, model_config=cfg.model_config,
                        release=cfg.release)
