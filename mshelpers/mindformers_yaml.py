@@ -2,8 +2,9 @@
 classes, and the settings of MindSpore's AutoParallel (and of the legacy auto-parallel context).
 
 `mindformers_yaml` writes the YAML a layout becomes, in the shape of mindformers' published
-`configs/llama2/pretrain_llama2_7b.yaml`; the planner (`mshelpers.parallel.make_layout`) prices exactly that file
-with the doctor. `validate_mindformers_yaml` loads it with mindformers' classes, `validate_with_mindformers`
+`configs/llama2/pretrain_llama2_7b.yaml`; the planner (`mshelpers.parallel.make_layout`) prices the Config the
+doctor reads from that file, built directly (`doctor.adapt.planned_config`; tests/doctor/test_one_price.py holds the
+two to one price), so it writes the file only when asked. `validate_mindformers_yaml` loads it with mindformers' classes, `validate_with_mindformers`
 runs mindformers' own split checks on a layout.
 
 Example:
@@ -64,7 +65,7 @@ def mindformers_yaml(cfg: Any, layout: Layout, *, seq_len: int | None = None, ze
     zero_stage ≥ 1 turns on MindSpore's parallel optimizer (optimizer states sharded over dp), the
     assumption `plan_parallel_layout(..., zero_stage=1)` prices. `sequence_parallel` sets use_seq_parallel (with
     mp > 1); `virtual_stages` > 1 sets pp_interleave_num and parallel.pipeline_config.pipeline_interleave. The
-    planner prices exactly this file (`make_layout` reads it with `doctor.read_config`).
+    planner prices what `doctor.read_config` reads from this file (`make_layout` builds that Config directly).
 
     Taught in notebooks/05_semi_auto_parallel.ipynb.
     """

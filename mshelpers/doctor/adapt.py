@@ -72,7 +72,8 @@ def degree_changes(cfg: Config, dp: int, tp: int, pp: int, micro: int) -> dict:
     """The static keys that put `cfg` on dp x tp x pp with `micro` micro-batches (pipeline micro-batches with
     pp > 1, else gradient accumulation) and the same global batch, as the doctor's search changes them: a new
     stage count resets the offsets and the interleaving. `on_degrees` applies them to the Layout;
-    `readers.with_layout` to the file (tests/doctor/test_one_price.py holds the two to one price)."""
+    `readers.with_layout` to the file (tests/doctor/test_one_price.py holds the two to one price).
+    Taught in notebooks/05_semi_auto_parallel.ipynb (through `parallel.make_layout`)."""
     lay = cfg.layout
     kw = dict(data_parallel=dp, model_parallel=tp, pipeline_stage=pp, micro_batch_num=micro if pp > 1 else 1,
               gradient_accumulation_steps=1 if pp > 1 else micro,
@@ -89,7 +90,8 @@ def on_degrees(cfg: Config, dp: int, tp: int, pp: int, micro: int) -> Config:
     `degree_changes`' keys (dataclasses.replace on the parsed Layout, no YAML written or read). The file's own
     switches travel in `Config.asked`: a file at model_parallel 1 with use_seq_parallel gets sequence parallel at
     tp > 1, one at dp 1 with the parallel optimizer gets it at dp > 1, and a new stage split re-splits the file's
-    recompute entries, as the file edited and read again would."""
+    recompute entries, as the file edited and read again would.
+    Taught in notebooks/05_semi_auto_parallel.ipynb (through `parallel.make_layout`)."""
     lay = cfg.layout
     if (dp, tp, pp, micro) == (lay.dp, lay.tp, lay.pp, lay.n_micro):
         return cfg
@@ -104,7 +106,8 @@ def planned_config(run: Any, dp: int, tp: int, pp: int, micro: int, *, global_ba
     seq_len, optional num_kv_heads, compute_dtype, recompute) on a layout, built directly (Model + Layout): what
     `readers.read_config` reads from the YAML `mshelpers.mindformers_yaml.mindformers_yaml` writes for it
     (tests/doctor/test_one_price.py holds the two to one price), with the pipeline schedule the planner asked for.
-    zero_stage >= 1: the parallel optimizer (2: gradient_accumulation_shard); `budget` None: the YAML's 58GB."""
+    zero_stage >= 1: the parallel optimizer (2: gradient_accumulation_shard); `budget` None: the YAML's 58GB.
+    Taught in notebooks/05_semi_auto_parallel.ipynb (through `parallel.make_layout`)."""
     h, L, a = int(run.hidden_size), int(run.num_layers), int(run.num_heads)
     kv = getattr(run, "num_kv_heads", None) or a
     model = Model(name="LlamaConfig", layers=L, hidden=h, heads=a, kv_heads=kv, head_dim=h // a,

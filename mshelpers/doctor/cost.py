@@ -619,7 +619,7 @@ def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
 
 def in_flight(lay: Any) -> list:
     """Micro-batches each stage holds at its peak under the layout's schedule (and interleaved order), 1 without a
-    pipeline: `pipeline.pipeline_in_flight`, the one rule the doctor and the planner price with."""
+    pipeline: `pipeline.pipeline_in_flight`, the one rule. Taught in notebooks/05_semi_auto_parallel.ipynb."""
     if lay.pp == 1:
         return [1]
     if "." in __package__:

@@ -10,7 +10,10 @@ a layout, and all of them must say the same memory per device, step time and fit
 The numbers are not pinned (the cost model is refitted as it improves); the entry points are compared with each
 other, exactly: they must run the same code on the same Model and Layout. The planner's other inputs (a RunConfig
 and degrees) are held to the doctor on the YAML `mindformers_yaml.mindformers_yaml` writes for them, and the planner's
-hardware profiles to the doctor's.
+hardware profiles to the doctor's. The planner never writes or re-reads a YAML itself (issue 58): a file's Layout is
+varied with dataclasses.replace (`doctor.adapt.on_degrees`), held here to the file edited and read again
+(`readers.with_layout`) on every fixture, and a RunConfig's Config is built directly (`doctor.adapt.planned_config`),
+held to the Config read from the YAML `mindformers_yaml` writes.
 """
 from __future__ import annotations
 
