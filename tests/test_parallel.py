@@ -797,3 +797,27 @@ def test_a_layout_fits_when_it_needs_exactly_the_budget():
     need = make_layout(MINI, 1, 1, 1, global_batch=8, memory_budget_bytes=2**40).memory_per_device_bytes
     assert make_layout(MINI, 1, 1, 1, global_batch=8, memory_budget_bytes=need).fits is True
     assert make_layout(MINI, 1, 1, 1, global_batch=8, memory_budget_bytes=need - 1).fits is False
+
+
+def _no_yaml(*_a, **_k):
+    raise AssertionError("the planner wrote or read a YAML to vary a layout")
+
+
+@pytest.mark.parametrize("source", ["runconfig", "pretrain_llama2_7b.yaml", "r1.3.0_finetune_qwen1_5_7b.yaml",
+                                    "2.1.0/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml"])
+def test_the_planner_writes_and_reads_no_yaml_to_vary_a_layout(source, monkeypatch):
+    """Issue 58: a RunConfig's Config is built directly and a file's Layout varied with dataclasses.replace; once
+    the user's file is read, no YAML is written (mindformers_yaml, edited_yaml) or read (read_config, load_yaml,
+    with_layout) while the planner searches."""
+    import sys
+    cfg = L7 if source == "runconfig" else D.read_config(MF / source)
+    for mod in [m for n, m in sys.modules.items() if n.startswith("mshelpers") and m is not None]:
+        for fn in ("read_config", "load_yaml", "with_layout", "edited_yaml", "mindformers_yaml"):
+            if hasattr(mod, fn):
+                monkeypatch.setattr(mod, fn, _no_yaml)
+    kw = dict(global_batch=64, seq_len=4096, schedule="interleaved", virtual_stages=2) if source == "runconfig" else {}
+    plans = plan_parallel_layout(cfg, 32 if source == "runconfig" else None, **kw)
+    assert len({(p.dp, p.mp, p.pp) for p in plans}) > 3
+    if source != "runconfig":          # tp 1 -> tp > 1: the file's use_seq_parallel switch carried by Config.asked
+        wide = [p for p in plans if p.mp > 1]
+        assert wide and all(p.config.layout.seq_parallel == cfg.asked["use_seq_parallel"] for p in wide)
