@@ -2,8 +2,9 @@
 classes, and the settings of MindSpore's AutoParallel (and of the legacy auto-parallel context).
 
 `mindformers_yaml` writes the YAML a layout becomes, in the shape of mindformers' published
-`configs/llama2/pretrain_llama2_7b.yaml`; the planner (`mshelpers.parallel.make_layout`) prices exactly that file
-with the doctor. `validate_mindformers_yaml` loads it with mindformers' classes, `validate_with_mindformers`
+`configs/llama2/pretrain_llama2_7b.yaml`; the planner (`mshelpers.parallel.make_layout`) prices the Config the
+doctor reads from that file, built directly (`doctor.adapt.planned_config`; tests/doctor/test_one_price.py holds the
+two to one price), so it writes the file only when asked. `validate_mindformers_yaml` loads it with mindformers' classes, `validate_with_mindformers`
 runs mindformers' own split checks on a layout.
 
 Example:
@@ -19,14 +20,15 @@ Example:
     (64, 'GradAccumulation')
 
 Copied alone it needs the standard library; the validators need mindspore, mindformers and pyyaml at call time.
-A layout is any object with dp, mp, pp, micro_batches and micro_batch_size (`mshelpers.parallel.Layout`).
+A layout is the doctor's `Layout` (`mshelpers.doctor.Layout`: dp, tp, pp, micro, grad_accum, batch) or any object
+with dp, mp, pp, micro_batches and micro_batch_size (`mshelpers.parallel.PlannedLayout`, a view of the former).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:      # annotations only, never imported at run time: the module still copies alone
-    from .parallel import Layout
+    from .parallel import PlannedLayout as Layout
 
 
 # ---------------------------------------------------------------- the YAML a layout becomes
@@ -38,12 +40,13 @@ def mindformers_parallel_config(layout: Layout, *, vocab_emb_dp: bool = True, us
     pipeline. So with pp = 1 the layout's micro-batches go to gradient accumulation (see
     `mindformers_yaml`) and micro_batch_num stays 1.
 
-        >>> from mshelpers.parallel import Layout
-        >>> mindformers_parallel_config(Layout(4, 8, 1, 1, 16, 0, 0, 0.0))["model_parallel"]
+        >>> from mshelpers.doctor import Layout
+        >>> mindformers_parallel_config(Layout(dp=4, tp=8, batch=16))["model_parallel"]
         8
 
     Taught in notebooks/05_semi_auto_parallel.ipynb.
     """
+    layout = _view(layout)
     return {"data_parallel": layout.dp, "model_parallel": layout.mp, "pipeline_stage": layout.pp,
             "micro_batch_num": layout.micro_batches if layout.pp > 1 else 1, "vocab_emb_dp": vocab_emb_dp,
             "use_seq_parallel": use_seq_parallel, "gradient_aggregation_group": 4}
@@ -62,12 +65,13 @@ def mindformers_yaml(cfg: Any, layout: Layout, *, seq_len: int | None = None, ze
     zero_stage ≥ 1 turns on MindSpore's parallel optimizer (optimizer states sharded over dp), the
     assumption `plan_parallel_layout(..., zero_stage=1)` prices. `sequence_parallel` sets use_seq_parallel (with
     mp > 1); `virtual_stages` > 1 sets pp_interleave_num and parallel.pipeline_config.pipeline_interleave. The
-    planner prices exactly this file (`make_layout` reads it with `doctor.read_config`).
+    planner prices what `doctor.read_config` reads from this file (`make_layout` builds that Config directly).
 
     Taught in notebooks/05_semi_auto_parallel.ipynb.
     """
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"mindformers_yaml: zero_stage={zero_stage!r} is invalid; fix: 0, 1, 2 or 3")
+    layout = _view(layout)
     seq = seq_len or _cfg_int(cfg, "seq_len")
     dtype = getattr(cfg, "compute_dtype", "bfloat16")
     rc = getattr(cfg, "recompute", "none")
@@ -207,6 +211,7 @@ def validate_with_mindformers(cfg: Any, layout: Layout) -> Any:
     from mindformers.models.llama.llama_layer import LlamaFeedForward
     from mindformers.models.llama.llama_transformer import LLamaAttention
     from mindformers.modules.transformer import TransformerOpParallelConfig
+    layout = _view(layout)
     pc = TransformerOpParallelConfig(**mindformers_parallel_config(layout))
     heads, ffn = _cfg_int(cfg, "num_heads"), _cfg_int(cfg, "ffn_hidden_size")
     LLamaAttention(seq_length=8, dim=heads * 2, n_heads=heads, n_kv_heads=None, parallel_config=pc,
@@ -227,6 +232,7 @@ def auto_parallel_context(layout: Layout, zero_stage: int = 1) -> dict:
 
     Taught in notebooks/05_semi_auto_parallel.ipynb.
     """
+    layout = _view(layout)
     ctx = {"parallel_mode": "semi_auto_parallel", "device_num": layout.n_devices, "gradients_mean": False,
            "full_batch": True, "enable_parallel_optimizer": zero_stage >= 1}
     if zero_stage >= 1:
@@ -242,6 +248,7 @@ def auto_parallel_plan(layout: Layout, zero_stage: int = 1) -> dict:
     with m > 1), AutoParallel's mode, and the keyword arguments of its `pipeline(...)` and `hsdp(...)`
     calls (hsdp = the parallel optimizer: optimizer_level "level1" shards optimizer states = ZeRO-1).
     Taught in notebooks/05_semi_auto_parallel.ipynb."""
+    layout = _view(layout)
     m = layout.micro_batches
     wrapper = "Pipeline" if layout.pp > 1 else ("GradAccumulation" if m > 1 else None)
     return {"wrapper": wrapper, "micro_size": m, "parallel_mode": "semi_auto",
@@ -251,6 +258,16 @@ def auto_parallel_plan(layout: Layout, zero_stage: int = 1) -> dict:
 
 
 # ---------------------------------------------------------------- internals
+def _view(layout: Any) -> Any:
+    """The planner's names for a layout: the doctor's Layout (tp, n_micro, batch, devices) read as dp, mp, pp,
+    micro_batches, micro_batch_size, n_devices; any other object as it is."""
+    if hasattr(layout, "mp") or not hasattr(layout, "tp"):
+        return layout
+    from types import SimpleNamespace
+    return SimpleNamespace(dp=layout.dp, mp=layout.tp, pp=layout.pp, micro_batches=layout.n_micro,
+                           micro_batch_size=layout.batch, n_devices=layout.devices)
+
+
 def _cfg_int(cfg: Any, name: str) -> int:
     """A positive integer field of the config (as parallel._cfg_int, inlined: the module copies alone)."""
     v = getattr(cfg, name, None)

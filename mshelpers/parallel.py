@@ -14,11 +14,14 @@ Example:
     ValueError: validate_layout: mp=3 does not divide num_heads=32 (attention heads are split whole across mp ranks); fix: use mp in [1, 2, 4, 8, 16, 32]
 
 What the figures mean (all per device, per optimizer step). One cost model prices every layout: the config
-doctor (`mshelpers.doctor`, notebook 12, `python -m mshelpers.doctor`). The planner writes the mindformers YAML a
-layout becomes (`mshelpers.mindformers_yaml`), reads it with `doctor.read_config` and prices it:
+doctor (`mshelpers.doctor`, notebook 12, `python -m mshelpers.doctor`), and one `Layout`, the doctor's. The planner
+builds the doctor Config of a layout directly (`doctor.adapt.planned_config`: the Config of the mindformers YAML
+`mshelpers.mindformers_yaml` writes for it, which it never writes), varies a file's Layout with
+dataclasses.replace (`doctor.adapt.on_degrees`), and prices it:
 - memory: `doctor.memory_per_stage`, the largest pipeline stage's parameters, gradients and optimizer states (the
   mp·pp split, MindSpore's parallel optimizer for ZeRO-1/2) and activations (Korthikanti et al. 2022 through
-  `mshelpers.memory.activation_bytes_per_layer`, 1F1B's in-flight micro-batches);
+  `mshelpers.memory.activation_bytes_per_layer`, times the micro-batches the Layout's schedule holds in flight,
+  `pipeline.pipeline_in_flight`, the one rule);
 - communication: bytes one device sends, read off the doctor's collectives (`doctor.adapt.traffic_bytes`): the dp
   gradient reduction, Megatron's tp all-reduces (2 forward + 2 backward per layer and micro-batch, 2 more under full
   recompute, each of b·s·h 16-bit values), pp point-to-point (an activation forward, a gradient back);
@@ -26,15 +29,15 @@ layout becomes (`mshelpers.mindformers_yaml`), reads it with `doctor.read_config
   mindformers places them and every group's collectives on the links it crosses;
 - bubble: (p-1)/(m+p-1), the idle share of a pipeline step (GPipe and 1F1B alike); (p-1)/(v·m+p-1) for the
   interleaved schedule with v virtual stages (model chunks) per device (`mshelpers.pipeline`).
-What stays here is what only the planner does: the layout rules (`validate_layout`), the `Layout` and its costs,
-and the search over layouts. Its neighbours, one concern each: `pipeline` (the schedules played out),
+What stays here is what only the planner does: the layout rules (`validate_layout`), the `PlannedLayout` (a
+doctor Layout and its costs), and the search over layouts. Its neighbours, one concern each: `pipeline` (the schedules played out),
 `collectives` (ring bytes, collectives measured on this machine, their alpha-beta fit), `hardware` (the profiles
 priced), `mindformers_yaml` (the YAML a layout becomes) and `shards` (the data-parallel shard check).
 The model cannot see kernel efficiency beyond its calibration, overlap beyond one fitted factor, or contention:
 measure the winner.
 
-Copied alone, `validate_layout`, `find_layout` and `Layout` need the standard library; the functions that price
-need the `doctor/` folder and `memory.py`, `hardware.py`, `pipeline.py` and `mindformers_yaml.py` beside it.
+Copied alone, `validate_layout`, `find_layout` and `PlannedLayout` need the standard library; the functions that
+price need the `doctor/` folder and `memory.py`, `hardware.py` and `pipeline.py` beside it.
 """
 from __future__ import annotations
 
@@ -96,14 +99,12 @@ def validate_layout(cfg: Any, dp: int, mp: int, pp: int, micro_batches: int = 1,
 
 # ---------------------------------------------------------------- the layout and its costs
 @dataclass(frozen=True)
-class Layout:
-    """One dp × mp × pp layout with micro_batches, and its per-device costs per step, as the doctor prices them.
+class PlannedLayout:
+    """One layout priced: the doctor's `Layout` (`mshelpers.doctor.Layout`: degrees, micro-batches, schedule) and
+    its per-device costs per step, as the doctor prices them. dp, mp, pp, micro_batches, micro_batch_size, cp, ep,
+    schedule, virtual_stages and interleaved_order are read off the Layout.
     Taught in notebooks/05_semi_auto_parallel.ipynb."""
-    dp: int
-    mp: int
-    pp: int
-    micro_batches: int
-    micro_batch_size: int                 # sequences per micro-batch per dp rank
+    layout: Any                           # the doctor's Layout (any object with its dp, tp, pp, ... fields)
     memory_per_device_bytes: int          # the largest stage's total (doctor.memory_per_stage)
     comm_bytes_per_step: int              # bytes one device sends per step, every group (doctor.adapt.traffic_bytes)
     bubble_fraction: float                # (p-1)/(v·m+p-1) of the schedule
@@ -114,14 +115,20 @@ class Layout:
     activation_bytes: int = 0
     fits: bool | None = None              # within the budget, if one was given (a mindformers file always has one)
     step_time: dict | None = field(default=None, compare=False)   # doctor.step_time's terms if hardware given
-    schedule: str = "1f1b"                # pipeline schedule the bubble and activation memory assume
-    virtual_stages: int = 1               # model chunks per device (interleaved schedule)
-    interleaved_order: str = "standard"
-    cp: int = 1
-    ep: int = 1
     comm_ep_bytes: int = 0
     comm_cp_bytes: int = 0
     config: Any = field(default=None, compare=False, repr=False)  # the doctor Config priced (model + layout)
+
+    dp = property(lambda self: self.layout.dp)
+    mp = property(lambda self: self.layout.tp)
+    pp = property(lambda self: self.layout.pp)
+    cp = property(lambda self: self.layout.cp)
+    ep = property(lambda self: self.layout.ep)
+    micro_batches = property(lambda self: self.layout.n_micro)          # pipeline micro-batches or accumulation
+    micro_batch_size = property(lambda self: self.layout.batch)         # sequences per micro-batch per dp rank
+    schedule = property(lambda self: self.layout.schedule if self.pp > 1 else "1f1b")
+    virtual_stages = property(lambda self: self.layout.vpp if self.pp > 1 else 1)   # model chunks per device
+    interleaved_order = property(lambda self: self.layout.interleaved_order)
 
     @property
     def n_devices(self) -> int:
@@ -155,22 +162,24 @@ def make_layout(cfg: Any, dp: int | None = None, mp: int | None = None, pp: int 
                 zero_stage: int = 0, sequence_parallel: bool = False, memory_budget_bytes: float | None = None,
                 hardware: Hardware | None = None, schedule: str = "1f1b", virtual_stages: int = 1,
                 interleaved_order: str = "standard", flash_attention: bool = False,
-                model_config: Any = None) -> Layout:
+                model_config: Any = None) -> PlannedLayout:
     """Price one layout (validated first) with the doctor; `plan_parallel_layout` calls this for every candidate.
 
-    `cfg` is a RunConfig (then dp, mp, pp and global_batch are required): the layout becomes the mindformers YAML
-    `mindformers_yaml` writes for it (use_flash_attention = `flash_attention`, use_seq_parallel =
+    `cfg` is a RunConfig (then dp, mp, pp and global_batch are required): its doctor Config is built directly
+    (`doctor.adapt.planned_config`), the Config `doctor.read_config` reads from the mindformers YAML
+    `mindformers_yaml` writes for the layout (use_flash_attention = `flash_attention`, use_seq_parallel =
     `sequence_parallel`, the parallel optimizer for zero_stage >= 1 and gradient_accumulation_shard for 2,
-    pp_interleave_num = `virtual_stages` for the interleaved schedule), and that YAML is read by
-    `doctor.read_config` and priced by `doctor.memory_per_stage` (and `doctor.step_time` with `hardware`), so the
-    figures are the doctor's for the file the planner emits. `cfg` may instead be a mindformers YAML (path or
-    dict) or a doctor Config: without degrees it is priced as it is (what `python -m mshelpers.doctor FILE` says),
-    with degrees on the same global batch, via `doctor.with_layout`; every other setting is the file's.
+    pp_interleave_num = `virtual_stages` for the interleaved schedule; tests/doctor/test_one_price.py holds the two
+    to one price), with the schedule asked for, and priced by `doctor.memory_per_stage` (and `doctor.step_time`
+    with `hardware`). `cfg` may instead be a mindformers YAML (path or dict) or a doctor Config: without degrees it
+    is priced as it is (what `python -m mshelpers.doctor FILE` says), with degrees on the same global batch, its
+    Layout varied by `doctor.adapt.on_degrees` (dataclasses.replace; the file's own switches kept); every other
+    setting is the file's.
 
     Memory: the largest stage's total; a file without max_device_memory is held against the hardware's memory
-    (the Atlas 800T A2's 64 GiB by default), as the CLI does. With pp > 1, "gpipe" and the interleaved schedule's
-    "memory" order (which the doctor does not price) add to each stage the micro-batches `pipeline_in_flight`
-    holds beyond the doctor's 1F1B count, times one micro-batch's stage activations (`doctor.adapt`).
+    (the Atlas 800T A2's 64 GiB by default), as the CLI does. With pp > 1 each stage holds the micro-batches its
+    schedule keeps in flight ("gpipe", "1f1b", "interleaved" in its `interleaved_order`): the doctor's count,
+    `pipeline_in_flight`.
 
     Taught in notebooks/05_semi_auto_parallel.ipynb.
     """
@@ -186,12 +195,10 @@ def make_layout(cfg: Any, dp: int | None = None, mp: int | None = None, pp: int 
         s = seq_len or _cfg_int(cfg, "seq_len")
         validate_layout(cfg, dp, mp, pp, micro_batches, n_devices=dp * mp * pp, global_batch=global_batch)
         if __package__:
-            from . import doctor
-            from .mindformers_yaml import mindformers_yaml as write_yaml
+            from .doctor.adapt import planned_config
             from .pipeline import _check_schedule
         else:  # copied beside its siblings as plain files
-            import doctor
-            from mindformers_yaml import mindformers_yaml as write_yaml
+            from doctor.adapt import planned_config
             from pipeline import _check_schedule
         _check_schedule(fn, pp, micro_batches, schedule, virtual_stages, interleaved_order)
         layers = _cfg_int(cfg, "num_layers")
@@ -202,12 +209,11 @@ def make_layout(cfg: Any, dp: int | None = None, mp: int | None = None, pp: int 
         if zero_stage not in (0, 1, 2):
             raise ValueError(f"{fn}: zero_stage={zero_stage!r} is not priced; fix: 0, 1 (MindSpore's parallel "
                              "optimizer) or 2 (and gradient_accumulation_shard); a mindformers YAML has no ZeRO-3")
-        skeleton = Layout(dp, mp, pp, micro_batches, global_batch // (dp * micro_batches), 0, 0, 0.0)
-        spec = write_yaml(cfg, skeleton, seq_len=s, zero_stage=zero_stage, use_flash_attention=flash_attention,
-                          sequence_parallel=sequence_parallel,
-                          virtual_stages=virtual_stages if schedule == "interleaved" else 1)
-        priced = doctor.read_config(spec, budget=memory_budget_bytes)
-        return _priced(priced, hardware, schedule, virtual_stages, interleaved_order, memory_budget_bytes is not None)
+        priced = planned_config(cfg, dp, mp, pp, micro_batches, global_batch=global_batch, seq_len=s,
+                                zero_stage=zero_stage, sequence_parallel=sequence_parallel,
+                                flash_attention=flash_attention, schedule=schedule, virtual_stages=virtual_stages,
+                                interleaved_order=interleaved_order, budget=memory_budget_bytes)
+        return _priced(priced, hardware, memory_budget_bytes is not None)
     _file_keeps_its_settings(fn, zero_stage=zero_stage, sequence_parallel=sequence_parallel,
                              flash_attention=flash_attention, seq_len=seq_len, schedule=schedule,
                              virtual_stages=virtual_stages)
@@ -219,8 +225,7 @@ def make_layout(cfg: Any, dp: int | None = None, mp: int | None = None, pp: int 
         dp, mp, pp = dp or lay.dp, mp or lay.tp, pp or lay.pp
         micro_batches = micro_batches or (lay.n_micro if (dp, mp, pp) == (lay.dp, lay.tp, lay.pp) else pp)
         base = _vary(fn, base, dp, mp, pp, micro_batches)
-    vpp = base.layout.vpp
-    return _priced(base, hardware, "interleaved" if vpp > 1 else "1f1b", vpp, interleaved_order, True)
+    return _priced(base, hardware, True)
 
 
 def plan_parallel_layout(cfg: Any, n_devices: int | None = None, *, global_batch: int | None = None,
@@ -229,7 +234,7 @@ def plan_parallel_layout(cfg: Any, n_devices: int | None = None, *, global_batch
                          memory_budget_bytes: float | None = None, hardware: Hardware | None = None,
                          schedule: str = "1f1b", virtual_stages: int = 1,
                          interleaved_order: str = "standard", flash_attention: bool = False,
-                         model_config: Any = None) -> list[Layout]:
+                         model_config: Any = None) -> list[PlannedLayout]:
     """Every valid (dp, mp, pp, micro_batches) on `n_devices`, priced by `make_layout` and sorted best first.
 
     `cfg`: a RunConfig (global_batch and n_devices required), or a mindformers YAML / doctor Config (its devices
@@ -303,7 +308,7 @@ def plan_parallel_layout(cfg: Any, n_devices: int | None = None, *, global_batch
                          f"num_heads={heads}, ffn_hidden_size={ffn}, num_layers={layers}; fix: use a "
                          "global_batch divisible by a factor of n_devices (e.g. a multiple of n_devices)")
 
-    def key(l: Layout):
+    def key(l: PlannedLayout):
         unfit = l.fits is False
         if l.step_time is not None:
             return (unfit, l.step_time["step_s"], l.memory_per_device_bytes)
@@ -311,7 +316,8 @@ def plan_parallel_layout(cfg: Any, n_devices: int | None = None, *, global_batch
     return sorted(out, key=key)
 
 
-def find_layout(plans: Sequence[Layout], dp: int, mp: int, pp: int = 1, micro_batches: int | None = None) -> Layout:
+def find_layout(plans: Sequence[PlannedLayout], dp: int, mp: int, pp: int = 1,
+                micro_batches: int | None = None) -> PlannedLayout:
     """The first layout in `plans` with these degrees (the best-ranked micro_batches if not given).
     Taught in notebooks/05_semi_auto_parallel.ipynb."""
     for l in plans:
@@ -321,7 +327,7 @@ def find_layout(plans: Sequence[Layout], dp: int, mp: int, pp: int = 1, micro_ba
                      f"micro_batches={micro_batches}; fix: check validate_layout(...) for why it is invalid")
 
 
-def estimate_step_time(cfg: Any, layout: Layout, hardware: Hardware, *, global_batch: int | None = None,
+def estimate_step_time(cfg: Any, layout: PlannedLayout, hardware: Hardware, *, global_batch: int | None = None,
                        seq_len: int | None = None) -> dict[str, float]:
     """`doctor.step_time` of the layout's doctor Config on `hardware` (its terms: compute_s, tp_s, ep_s, cp_s,
     p2p_s, bubble_s, dp_s, optimizer_s, step_s, ...), plus comm_share: the communication terms' share of the step.
@@ -422,8 +428,9 @@ def _vary(fn: str, base: Any, dp: int, mp: int, pp: int, m: int) -> Any:
     return on_degrees(base, dp, mp, pp, m)
 
 
-def _priced(dcfg: Any, hardware: Any, schedule: str, v: int, order: str, fits_known: bool) -> Layout:
-    """The planner's Layout for a doctor Config: memory and traffic from the doctor, step time on `hardware`."""
+def _priced(dcfg: Any, hardware: Any, fits_known: bool) -> PlannedLayout:
+    """A doctor Config priced by the doctor: memory (its schedule's in-flight micro-batches included) and traffic,
+    step time on `hardware`."""
     if __package__:
         from . import doctor as D, pipeline as P
         from .doctor import adapt
@@ -435,28 +442,15 @@ def _priced(dcfg: Any, hardware: Any, schedule: str, v: int, order: str, fits_kn
     if hardware is not None:        # HCCL's buffers kept free on a device with a pool, as the doctor keeps them
         dcfg = D.with_reserve(dcfg, hardware.to_doctor()[0])
     mem = D.memory_per_stage(dcfg)
-    totals, parts = list(mem["per_stage_bytes"]), [dict(p) for p in mem["per_stage_breakdown"]]
-    if lay.pp > 1 and (schedule == "gpipe" or (schedule == "interleaved" and order == "memory")):
-        held = P.pipeline_in_flight(lay.pp, lay.micro, schedule, v, interleaved_order=order)
-        for i in range(lay.pp):
-            act = adapt.stage_activations(dcfg, i)
-            extra = math.ceil((held[i] - act["in_flight"]) * act["per_micro_batch"])
-            totals[i] += extra
-            parts[i]["activations"] += extra
-    stage = max(range(lay.pp), key=lambda k: totals[k])
-    part, total = parts[stage], totals[stage]
+    part, total = mem["breakdown"], mem["memory_per_device_bytes"]
     t = adapt.traffic_bytes(dcfg)
-    return Layout(dp=lay.dp, mp=lay.tp, pp=lay.pp, micro_batches=lay.n_micro, micro_batch_size=lay.batch,
-                  memory_per_device_bytes=total, comm_bytes_per_step=round(t["total"]),
-                  bubble_fraction=P.pipeline_bubble_fraction(lay.pp, lay.n_micro, v if lay.pp > 1 else 1),
-                  comm_dp_bytes=round(t["dp"]), comm_tp_bytes=round(t["tp"]), comm_pp_bytes=round(t["pp"]),
-                  model_state_bytes=part["params"] + part["grads"] + part["optimizer_states"],
-                  activation_bytes=part["activations"],
-                  fits=(total + mem["reserve_bytes"] <= dcfg.budget_bytes) if fits_known else None,
-                  step_time=_step(dcfg, hardware) if hardware is not None else None,
-                  schedule=schedule if lay.pp > 1 else "1f1b", virtual_stages=v if lay.pp > 1 else 1,
-                  interleaved_order=order, cp=lay.cp, ep=lay.ep, comm_ep_bytes=round(t["ep"]),
-                  comm_cp_bytes=round(t["cp"]), config=dcfg)
+    return PlannedLayout(layout=lay, memory_per_device_bytes=total, comm_bytes_per_step=round(t["total"]),
+                         bubble_fraction=P.pipeline_bubble_fraction(lay.pp, lay.n_micro, lay.vpp if lay.pp > 1 else 1),
+                         comm_dp_bytes=round(t["dp"]), comm_tp_bytes=round(t["tp"]), comm_pp_bytes=round(t["pp"]),
+                         model_state_bytes=part["params"] + part["grads"] + part["optimizer_states"],
+                         activation_bytes=part["activations"], fits=mem["fits"] if fits_known else None,
+                         step_time=_step(dcfg, hardware) if hardware is not None else None,
+                         comm_ep_bytes=round(t["ep"]), comm_cp_bytes=round(t["cp"]), config=dcfg)
 
 
 def _step(dcfg: Any, hardware: Hardware) -> dict:

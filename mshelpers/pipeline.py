@@ -16,7 +16,7 @@ Example:
     [4, 3, 2, 1]
 
 Copied alone it needs nothing but the standard library; `stage_activation_bytes` reads a planned layout's doctor
-Config, so it needs the `doctor/` folder beside it (and a Layout from `mshelpers.parallel.make_layout`).
+Config, so it needs the `doctor/` folder beside it (and a PlannedLayout from `mshelpers.parallel.make_layout`).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import numbers
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:      # annotations only, never imported at run time: the module still copies alone
-    from .parallel import Layout
+    from .parallel import PlannedLayout
 
 
 # ---------------------------------------------------------------- the bubble
@@ -223,7 +223,7 @@ def pipeline_activation_bytes(stage_bytes_per_micro_batch: float, pp: int, micro
 
     `stage_bytes_per_micro_batch` is what one micro-batch leaves on one stage for backward:
     layers per stage × `mshelpers.memory.activation_bytes_per_layer(...)` (Korthikanti et al.
-    2022; `stage_activation_bytes` computes it for a RunConfig and Layout). The first stage
+    2022; `stage_activation_bytes` computes it for a RunConfig and planned layout). The first stage
     (stage=0) holds the most. `mshelpers.memory.estimate` assumes 1F1B's min(p, m).
 
         >>> pipeline_activation_bytes(100, 4, 8, "gpipe"), pipeline_activation_bytes(100, 4, 8, "1f1b")
@@ -243,7 +243,7 @@ def pipeline_activation_bytes(stage_bytes_per_micro_batch: float, pp: int, micro
     return math.ceil(held[stage] * stage_bytes_per_micro_batch)
 
 
-def stage_activation_bytes(layout: Layout, schedule: str = "1f1b", virtual_stages: int = 1, *, stage: int = 0,
+def stage_activation_bytes(layout: PlannedLayout, schedule: str = "1f1b", virtual_stages: int = 1, *, stage: int = 0,
                            interleaved_order: str = "standard") -> dict:
     """A planned layout's activations on one pipeline stage under a schedule (first stage by default): one
     micro-batch's stored activations on that stage as the doctor counts them (`doctor.adapt.stage_activations`
@@ -256,7 +256,7 @@ def stage_activation_bytes(layout: Layout, schedule: str = "1f1b", virtual_stage
     fn = "stage_activation_bytes"
     dcfg = getattr(layout, "config", None)
     if dcfg is None:
-        raise ValueError(f"{fn}: layout={type(layout).__name__} has no doctor config; fix: pass a Layout from "
+        raise ValueError(f"{fn}: layout={type(layout).__name__} has no doctor config; fix: pass a PlannedLayout from "
                          "make_layout or plan_parallel_layout")
     virtual_stages = _pos(fn, "virtual_stages", virtual_stages)
     layers = dcfg.model.layers

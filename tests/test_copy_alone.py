@@ -271,7 +271,9 @@ CALLS: dict[str, str] = {
     """,
     "parallel": """
         m.validate_layout(Cfg(), 2, 1, 1, n_devices=2, global_batch=8)
-        lay = m.Layout(2, 1, 1, 1, 4, 0, 0, 0.0)
+        from types import SimpleNamespace
+        d = SimpleNamespace(dp=2, tp=1, pp=1, cp=1, ep=1, vpp=1, n_micro=1, batch=4, schedule="1f1b")  # a Layout's fields
+        lay = m.PlannedLayout(d, 0, 0, 0.0)
         assert m.find_layout([lay], 2, 1) is lay and lay.n_devices == 2 and lay.row()["layout"] == lay.name
     """,
     "pipeline": """
@@ -434,14 +436,14 @@ NOT_PLAIN: dict[str, set[str]] = {
 # Functions that compose the cookbook's pipeline: the siblings they need (the whole chain), and a cheap
 # call to make in the folder holding exactly those files ("" = the imports are checked, no call).
 _TRAIN_CHAIN = ("train", "train_step", "config", "metrics", "peak", "data", "model", "device", "checkpoint", "table", "stability")
-_PLANNER = ("doctor", "memory", "hardware", "pipeline", "mindformers_yaml", "collectives")
+_PLANNER = ("doctor", "memory", "hardware", "pipeline", "collectives")
 NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("amp", "amp_level_run"): (_TRAIN_CHAIN, ""),
     ("amp", "make_scaled_train_step"): (("train_step",), ""),
     ("compiling", "first_steps"): (("config", "data", "device", "model"), ""),
     ("compiling", "fusion_steps"): (("config", "data", "device", "model"), ""),
     ("doctor", "hardware"): (("peak",), "assert m.hardware('cpu').peak('float32') > 1e9"),
-    ("doctor", "memory_per_stage"): (("memory",), """
+    ("doctor", "memory_per_stage"): (("memory", "pipeline"), """
         d = {"model": {"model_config": dict(hidden_size=256, num_layers=4, num_heads=4, vocab_size=1024,
                                             seq_length=128)}, "context": {"max_device_memory": "1GB"}}
         assert m.memory_per_stage(m.read_config(d))["fits"] is True"""),
@@ -453,37 +455,37 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
         assert hw.peak("float32") == 1e11 and hw.dp_overlap == 0"""),
     # the DP worker's step (workers/dp_train.py, whose scripts import mshelpers: run it from the cookbook)
     ("doctor", "measure_cpu_steps"): (_TRAIN_CHAIN + ("workers",), ""),
-    ("doctor", "better_layouts"): (("memory",), ""),
-    ("doctor", "layout_answers"): (("memory",), """
+    ("doctor", "better_layouts"): (("memory", "pipeline"), ""),
+    ("doctor", "layout_answers"): (("memory", "pipeline"), """
         d = {"model": {"model_config": {"hidden_size": 1024, "num_layers": 8, "num_heads": 16, "vocab_size": 32000,
                                         "seq_length": 2048}},
              "parallel_config": {"data_parallel": 8}, "runner_config": {"batch_size": 1},
              "context": {"max_device_memory": "58GB"}}
         got = m.layout_answers(m.read_config(d), m.hardware("atlas-800t-a2"))
         assert got["fastest"] and len(got["smallest"]) == 1"""),
-    ("doctor", "smallest_fitting_scale"): (("memory",), ""),
-    ("doctor", "calibration_table"): (("memory",), ""),
-    ("doctor", "leave_one_family_out"): (("memory",), ""),       # the fixtures live in the repo's tests/data
-    ("doctor", "stand_in_points"): (("memory",), ""),
-    ("doctor", "heldout_runs"): (("memory",), ""),
-    ("doctor", "heldout_price"): (("memory",), ""),
-    ("doctor", "moe_placement"): (("memory",), ""),
-    ("doctor", "guide_13b_ranking"): (("memory",), ""),
-    ("doctor", "diagnose"): (("memory",), ""),
-    ("doctor", "main"): (("memory",), ""),
+    ("doctor", "smallest_fitting_scale"): (("memory", "pipeline"), ""),
+    ("doctor", "calibration_table"): (("memory", "pipeline"), ""),
+    ("doctor", "leave_one_family_out"): (("memory", "pipeline"), ""),       # the fixtures live in the repo's tests/data
+    ("doctor", "stand_in_points"): (("memory", "pipeline"), ""),
+    ("doctor", "heldout_runs"): (("memory", "pipeline"), ""),
+    ("doctor", "heldout_price"): (("memory", "pipeline"), ""),
+    ("doctor", "moe_placement"): (("memory", "pipeline"), ""),
+    ("doctor", "guide_13b_ranking"): (("memory", "pipeline"), ""),
+    ("doctor", "diagnose"): (("memory", "pipeline"), ""),
+    ("doctor", "main"): (("memory", "pipeline"), ""),
     ("memory_probe", "train_for_peak"): (_TRAIN_CHAIN + ("timing",), ""),
     # a fresh process started by timing's one spawn helper, its RSS read by timing's one reader
     ("memory_probe", "measure_peak"): (("timing",), """
         r = m.measure_peak(m.allocate_bytes, 1 << 20)
         assert isinstance(r, m.PeakMemory) and r.peak_bytes >= r.baseline_rss_bytes > 0"""),
     ("memory_probe", "measure_peaks"): (("timing",), "assert len(m.measure_peaks(m.allocate_bytes, [(1 << 20,)])) == 1"),
-    ("memory", "estimate_from_mindformers_yaml"): (("doctor",), """
+    ("memory", "estimate_from_mindformers_yaml"): (("doctor", "pipeline"), """
         d = {"model": {"model_config": dict(hidden_size=256, num_layers=4, num_heads=4, vocab_size=1024,
                                             seq_length=128)}, "context": {"max_device_memory": "1GB"}}
         assert m.estimate_from_mindformers_yaml(d)["fits"] is True"""),
     ("model", "llama_config"): (("device",), ""),
     # the planner prices with the doctor (copied as its folder), whose memory prices call memory.py's formulas; it
-    # writes the layout's YAML with mindformers_yaml, plays its schedule with pipeline, sizes collectives with
+    # builds the layout's Config (no YAML), plays its schedule with pipeline, sizes collectives with
     # collectives and takes the default device memory from hardware
     ("parallel", "communication_bytes"): (_PLANNER,
                                           "assert m.communication_bytes(Cfg(), 2, 1, 1, global_batch=8)['dp'] > 0"),

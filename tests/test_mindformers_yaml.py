@@ -7,7 +7,8 @@ import pytest
 from mshelpers import mindformers_yaml as Y
 from mshelpers import parallel as P
 from mshelpers.config import RunConfig
-from mshelpers.parallel import Layout, make_layout
+from mshelpers.doctor import Layout
+from mshelpers.parallel import PlannedLayout, make_layout
 from _checks import module_doctests
 
 CFG = RunConfig.preset("llama2-7b")
@@ -217,8 +218,7 @@ def test_mindformers_accepts_the_planned_layout_and_rejects_a_bad_split():
     lay = P.find_layout(P.plan_parallel_layout(CFG, 32, global_batch=64, seq_len=4096), 4, 8)
     pc = Y.validate_with_mindformers(CFG, lay)
     assert (pc.data_parallel, pc.model_parallel, pc.pipeline_stage) == (4, 8, 1)
-    bad = Layout(dp=1, mp=3, pp=1, micro_batches=1, micro_batch_size=1, memory_per_device_bytes=0,
-                 comm_bytes_per_step=0, bubble_fraction=0.0)
+    bad = Layout(dp=1, tp=3)                  # the doctor's Layout: one class for every layout
     with pytest.raises(ValueError, match="n_head"):
         Y.validate_with_mindformers(CFG, bad)
     bad_ffn = CFG.replace(num_heads=48, hidden_size=4608)  # 48 heads split 3 ways, but 11008 is not

@@ -18,7 +18,7 @@ from mshelpers.collectives import ring_allreduce_bytes, tp_allreduce_buffer_byte
 from mshelpers.config import RunConfig
 from mshelpers.hardware import Hardware
 from mshelpers.memory import llama_param_count
-from mshelpers.parallel import (Layout, communication_bytes, estimate_step_time, find_layout, make_layout,
+from mshelpers.parallel import (PlannedLayout, communication_bytes, estimate_step_time, find_layout, make_layout,
                                 plan_parallel_layout, validate_layout)
 from mshelpers.pipeline import pipeline_bubble_fraction, stage_activation_bytes
 from _checks import foreign, module_doctests, positive_count_line, refused
@@ -238,7 +238,7 @@ def test_every_zero_stage_reduces_the_gradients_once(dp):
 # ---------------------------------------------------------------- planner
 def test_planner_returns_only_valid_layouts_best_first():
     plans = plan_parallel_layout(L7, 32, global_batch=64, seq_len=4096)
-    assert plans and all(isinstance(p, Layout) for p in plans)
+    assert plans and all(isinstance(p, PlannedLayout) and isinstance(p.layout, D.Layout) for p in plans)
     for p in plans:
         validate_layout(L7, p.dp, p.mp, p.pp, p.micro_batches, n_devices=32, global_batch=64)
         assert p.n_devices == 32
@@ -282,22 +282,24 @@ def test_planner_bad_input():
 
 
 def test_a_layout_row_names_and_rounds_every_field():
-    from mshelpers.parallel import Layout
     G = 2**30
-    lay = Layout(dp=2, mp=4, pp=3, micro_batches=6, micro_batch_size=1, memory_per_device_bytes=int(1.234567 * G),
-                 comm_bytes_per_step=int(7.891 * G), bubble_fraction=2 / 7, comm_dp_bytes=int(0.5049 * G),
-                 comm_tp_bytes=int(0.256 * G), comm_pp_bytes=int(0.125 * G))
+    lay = PlannedLayout(D.Layout(dp=2, tp=4, pp=3, micro=6, batch=1), memory_per_device_bytes=int(1.234567 * G),
+                        comm_bytes_per_step=int(7.891 * G), bubble_fraction=2 / 7, comm_dp_bytes=int(0.5049 * G),
+                        comm_tp_bytes=int(0.256 * G), comm_pp_bytes=int(0.125 * G))
     assert lay.n_devices == 24 and lay.name == "2dp×4mp×3pp m=6"
     assert lay.row() == {"layout": "2dp×4mp×3pp m=6", "dp": 2, "mp": 4, "pp": 3, "m": 6, "b_micro": 1,
                          "memory_GiB": 1.23, "comm_GiB": 7.89, "dp_GiB": 0.5, "tp_GiB": 0.26, "pp_GiB": 0.12,
                          "bubble": 0.286}
     assert lay.row(unit=2**20)["memory_GiB"] == round(int(1.234567 * G) / 2**20, 2)
-    fit = Layout(**{**lay.__dict__, "fits": False, "step_time": {"step_s": 1.23456, "comm_share": 0.45678}})
+    fit = dataclasses.replace(lay, fits=False, step_time={"step_s": 1.23456, "comm_share": 0.45678})
     assert fit.row() == {**lay.row(), "fits": False, "step_s": 1.235, "comm_share": 0.457}
-    assert Layout(**{**lay.__dict__, "fits": True}).row()["fits"] is True
-    assert Layout(**{**lay.__dict__, "schedule": "interleaved", "virtual_stages": 2}).name == \
-        "2dp×4mp×3pp m=6 interleaved v=2"
-    assert Layout(**{**lay.__dict__, "schedule": "gpipe"}).name == "2dp×4mp×3pp m=6 gpipe"
+    assert dataclasses.replace(lay, fits=True).row()["fits"] is True
+    on = lambda **kw: dataclasses.replace(lay, layout=dataclasses.replace(lay.layout, **kw))     # noqa: E731
+    assert on(schedule="interleaved", vpp=2).name == "2dp×4mp×3pp m=6 interleaved v=2"
+    assert on(schedule="gpipe").name == "2dp×4mp×3pp m=6 gpipe"
+    # the degrees are the doctor Layout's, read through: one Layout, the planner's row a view of it
+    assert (lay.dp, lay.mp, lay.pp, lay.micro_batches, lay.micro_batch_size, lay.cp, lay.ep, lay.virtual_stages) == \
+        (2, 4, 3, 6, 1, 1, 1, 1) and on(pp=1, grad_accum=5).micro_batches == 5
 
 
 def test_the_planner_lists_exactly_the_valid_layouts_with_make_layouts_costs():
@@ -386,12 +388,12 @@ def test_the_planner_costs_a_layout_under_its_schedule():
         assert lay.bubble_fraction == pytest.approx(pipeline_bubble_fraction(4, 8, v))
         assert (lay.schedule, lay.virtual_stages) == (sched, v) and sched in lay.name
         assert lay.config.layout.vpp == v                                   # the YAML's pp_interleave_num
-        if order == "standard" and sched == "interleaved":                  # the doctor prices it as it is
-            assert lay.memory_per_device_bytes == doctor.memory_per_stage(lay.config)["memory_per_device_bytes"]
-        else:                     # the doctor counts 1F1B's (or Megatron's) micro-batches; the schedule holds more/fewer
-            assert lay.memory_per_device_bytes >= base.memory_per_device_bytes + math.ceil(
-                (held - 4) * stage) if sched == "gpipe" else lay.memory_per_device_bytes < doctor.memory_per_stage(
-                lay.config)["memory_per_device_bytes"]
+        # one in-flight rule: the doctor prices the schedule its Layout names, the planner adds nothing
+        assert (lay.config.layout.schedule, lay.config.layout.interleaved_order) == (sched, order)
+        assert lay.memory_per_device_bytes == doctor.memory_per_stage(lay.config)["memory_per_device_bytes"]
+        assert doctor.cost.stage_activations(lay.config, 0)["in_flight"] == held
+        if sched == "gpipe":
+            assert lay.memory_per_device_bytes >= base.memory_per_device_bytes + math.ceil((held - 4) * stage)
     # what the schedules hold, in the order of the micro-batches they keep on the first stage
     assert got["gpipe", 1, "standard"].memory_per_device_bytes > got["interleaved", 2, "standard"]. \
         memory_per_device_bytes > got["interleaved", 4, "standard"].memory_per_device_bytes > base.memory_per_device_bytes
@@ -440,7 +442,7 @@ def test_the_planners_step_time_uses_the_sequence_asked_for():
     best = plan_parallel_layout(L7, 8, global_batch=16, seq_len=1024, hardware=hw)[0]
     assert L7.seq_len != 1024 and best.config.model.seq == 1024
     assert best.step_time == estimate_step_time(L7, best, hw)                    # the layout's own config
-    bare = Layout(best.dp, best.mp, best.pp, best.micro_batches, best.micro_batch_size, 0, 0, 0.0)
+    bare = _NS(dp=best.dp, mp=best.mp, pp=best.pp, micro_batches=best.micro_batches)      # degrees, no Config
     assert best.step_time == estimate_step_time(L7, bare, hw, global_batch=16, seq_len=1024)
     assert best.step_time != estimate_step_time(L7, bare, hw, global_batch=16, seq_len=L7.seq_len)
 
@@ -672,28 +674,26 @@ def test_a_files_layout_carries_every_figure_the_doctor_gives_it(name):
 
 
 @pytest.mark.parametrize("schedule, v, order", [("gpipe", 1, "standard"), ("interleaved", 2, "memory"),
-                                                ("interleaved", 2, "standard")])
+                                                ("interleaved", 2, "standard"), ("interleaved", 1, "standard")])
 def test_a_schedule_that_holds_more_micro_batches_adds_their_activations(schedule, v, order):
-    """The doctor prices 1F1B's in-flight micro-batches; a schedule that holds more (pipeline_in_flight, checked
-    against simulate_pipeline in test_pipeline) adds that many more of one micro-batch's stage activations."""
-    from mshelpers.doctor import adapt
+    """One in-flight rule: the doctor's memory model holds on each stage the micro-batches its Layout's schedule
+    keeps in flight (pipeline_in_flight, checked against simulate_pipeline in test_pipeline), and the planner's
+    figures are the doctor's, nothing added. Against 1F1B, each stage holds that many more (or fewer) of one
+    micro-batch's stage activations."""
     kw = dict(global_batch=8, seq_len=512, memory_budget_bytes=64 * 2**30)
     lay = make_layout(L7, 1, 1, 2, 8, schedule=schedule, virtual_stages=v, interleaved_order=order, **kw)
     cfg = lay.config
+    assert (cfg.layout.schedule, cfg.layout.vpp, cfg.layout.interleaved_order) == (schedule, v, order)
     want = _doctors_layout(cfg, schedule, v, order)
-    held = pipeline.pipeline_in_flight(2, 8, schedule, v, interleaved_order=order)
-    extra = [0, 0]
-    if schedule == "gpipe" or order == "memory":
-        for i in range(2):
-            act = adapt.stage_activations(cfg, i)
-            extra[i] = math.ceil((held[i] - act["in_flight"]) * act["per_micro_batch"])
-    totals = [t + e for t, e in zip(D.memory_per_stage(cfg)["per_stage_bytes"], extra)]
-    s = max(range(2), key=lambda k: totals[k])
-    part = D.memory_per_stage(cfg)["per_stage_breakdown"][s]          # the stage that now holds the most
-    want.update(memory_per_device_bytes=totals[s], fits=totals[s] <= cfg.budget_bytes,
-                activation_bytes=part["activations"] + extra[s],
-                model_state_bytes=part["params"] + part["grads"] + part["optimizer_states"])
     assert {k: getattr(lay, k) for k in want} == want
+    held = pipeline.pipeline_in_flight(2, 8, schedule, v, interleaved_order=order)
+    plain = dataclasses.replace(cfg, layout=dataclasses.replace(cfg.layout, schedule="1f1b", vpp=1))
+    extra = []
+    for i in range(2):
+        act, one = D.cost.stage_activations(cfg, i), D.cost.stage_activations(plain, i)
+        assert act["in_flight"] == held[i] and one["in_flight"] == min(2 - i, 8)
+        assert act["bytes"] - one["bytes"] == pytest.approx((held[i] - one["in_flight"]) * act["per_micro_batch"])
+        extra.append(act["bytes"] - one["bytes"])
     if schedule == "gpipe":                     # GPipe holds every micro-batch of the step at once
         assert extra[0] > 0
 
@@ -797,3 +797,27 @@ def test_a_layout_fits_when_it_needs_exactly_the_budget():
     need = make_layout(MINI, 1, 1, 1, global_batch=8, memory_budget_bytes=2**40).memory_per_device_bytes
     assert make_layout(MINI, 1, 1, 1, global_batch=8, memory_budget_bytes=need).fits is True
     assert make_layout(MINI, 1, 1, 1, global_batch=8, memory_budget_bytes=need - 1).fits is False
+
+
+def _no_yaml(*_a, **_k):
+    raise AssertionError("the planner wrote or read a YAML to vary a layout")
+
+
+@pytest.mark.parametrize("source", ["runconfig", "pretrain_llama2_7b.yaml", "r1.3.0_finetune_qwen1_5_7b.yaml",
+                                    "2.1.0/deepseek3/pretrain_deepseek3_1b_8p_pynative.yaml"])
+def test_the_planner_writes_and_reads_no_yaml_to_vary_a_layout(source, monkeypatch):
+    """Issue 58: a RunConfig's Config is built directly and a file's Layout varied with dataclasses.replace; once
+    the user's file is read, no YAML is written (mindformers_yaml, edited_yaml) or read (read_config, load_yaml,
+    with_layout) while the planner searches."""
+    import sys
+    cfg = L7 if source == "runconfig" else D.read_config(MF / source)
+    for mod in [m for n, m in sys.modules.items() if n.startswith("mshelpers") and m is not None]:
+        for fn in ("read_config", "load_yaml", "with_layout", "edited_yaml", "mindformers_yaml"):
+            if hasattr(mod, fn):
+                monkeypatch.setattr(mod, fn, _no_yaml)
+    kw = dict(global_batch=64, seq_len=4096, schedule="interleaved", virtual_stages=2) if source == "runconfig" else {}
+    plans = plan_parallel_layout(cfg, 32 if source == "runconfig" else None, **kw)
+    assert len({(p.dp, p.mp, p.pp) for p in plans}) > 3
+    if source != "runconfig":          # tp 1 -> tp > 1: the file's use_seq_parallel switch carried by Config.asked
+        wide = [p for p in plans if p.mp > 1]
+        assert wide and all(p.config.layout.seq_parallel == cfg.asked["use_seq_parallel"] for p in wide)

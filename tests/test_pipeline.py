@@ -212,7 +212,7 @@ def test_stage_activation_bytes_by_hand():
     fn = "stage_activation_bytes"
     for call, line in (
             (lambda: pipeline.stage_activation_bytes(_NS(pp=2, mp=1, micro_batches=4)),
-             f"{fn}: layout=SimpleNamespace has no doctor config; fix: pass a Layout from make_layout or "
+             f"{fn}: layout=SimpleNamespace has no doctor config; fix: pass a PlannedLayout from make_layout or "
              "plan_parallel_layout"),
             (lambda: pipeline.stage_activation_bytes(lay, "interleaved", 0),
              f"{fn}: virtual_stages=0 is invalid; fix: pass a positive integer"),

@@ -12,7 +12,8 @@ reads your own run and prints the measured tokens/s/p, MFU and the prediction's 
 
 The rooms, each one concern (data flows readers -> cost <- hardware, topology; search and calibration use cost;
 report and logs use all of them; the CLI uses report and logs):
-  describe.py     Model, MoE, Layout, Config, Calibration (and the fitted CALIBRATION), DoctorError: the vocabulary
+  describe.py     Model, MoE, Layout (the package's one; its schedule too), Config, Calibration (and the fitted
+                  CALIBRATION), DoctorError: the vocabulary
   layouts.py      the stage split, per-stage recompute and the layout checks the reader and the variants share
   keys.py         every key of a section the readers read: priced, known but not priced, or flagged (nearest key)
   readers.py      a file in any dialect -> one Model + one Layout (read_config, with_layout)
@@ -22,7 +23,8 @@ report and logs use all of them; the CLI uses report and logs):
   topology.py     ranks placed on nodes in mindformers' order per dialect; the span and links of each group
   cost.py         FLOPs, parameters, the step decomposed on the links each group crosses, memory per stage
                   (never sees a YAML)
-  adapt.py        the same prices in the planner's terms (bytes per group, stage activations) for parallel.py
+  adapt.py        for parallel.py: a RunConfig's Config built directly, a file's Layout on other degrees (replace),
+                  and the prices in the planner's terms (bytes per group, stage activations)
   search.py       layouts under the budget, ranked; the smallest scale at which a config that cannot fit does
   published.py    mindformers' published tokens/s/p with the YAMLs they link
   calibration.py  the fit, the error by family, leave-one-family-out, rankings and Kendall's tau
@@ -32,7 +34,8 @@ report and logs use all of them; the CLI uses report and logs):
   yamledit.py     the improved YAML as the user's text with only the changed keys edited (comments, anchors kept)
   cpu_check.py    the cost model checked on this CPU against the mini LLaMA (notebook 12)
   cli.py          the command line
-Copy the whole `doctor/` folder (with `memory.py` beside it for memory, `peak.py` for the cpu profile).
+Copy the whole `doctor/` folder (with `memory.py` and `pipeline.py` beside it for memory, `peak.py` for the cpu
+profile).
 
 What the model leaves out: workspace and fragmentation in the memory pool (the reserve is HCCL's buffers only),
 kernel efficiency that varies with shape beyond the expert GEMMs' roofline (small TP shards), TP communication fused

@@ -7,8 +7,10 @@ activations one micro-batch leaves on a stage. Both are read off the doctor's ow
   stage_activations(cfg, i)   one micro-batch's stored activations on stage i, the recompute working set, the
                               logits, and the in-flight micro-batches `cost.memory_per_stage` multiplies by
 
-  file_config(source, ...)   a mindformers file (path, dict) or a Config, with the CLI's budget rule
+  file_config(source, ...)    a mindformers file (path, dict) or a Config, with the CLI's budget rule
   on_degrees(cfg, dp, ...)    the same model and global batch on other degrees, as the doctor's search varies them
+                              (variants.layout_variant: no YAML written or read)
+  planned_config(run, ...)    a RunConfig's model on a layout and schedule, built directly (no YAML)
 
 A planner that prices a layout through these and through `cost.memory_per_stage` / `cost.step_time` says what
 the CLI says for the same file (tests/doctor/test_one_price.py holds every fixture YAML to that).
@@ -19,7 +21,9 @@ import dataclasses
 from typing import Any
 
 from . import cost, topology
-from .describe import Config
+from .describe import Config, Layout, Model
+from .layouts import _dtype, _per_stage, _select_ops, checked, parse_size, stage_split
+from .variants import layout_variant
 
 
 def traffic_bytes(cfg: Config) -> dict[str, float]:
@@ -64,15 +68,13 @@ def file_config(source: Any, *, budget: Any = None, model_config: Any = None, me
     return cfg
 
 
-def on_degrees(cfg: Config, dp: int, tp: int, pp: int, micro: int) -> Config:
-    """`cfg` on dp x tp x pp with `micro` micro-batches (pipeline micro-batches with pp > 1, else gradient
-    accumulation) and the same global batch, through `readers.with_layout` with the keys the doctor's search
-    changes (a new stage count resets the offsets and the interleaving). The file is edited and read again, not
-    varied with `variants.layout_variant`: a file at model_parallel 1 keeps use_seq_parallel and the parallel
-    optimizer switch, which its parsed Layout cannot carry to tp > 1 or dp > 1."""
+def degree_changes(cfg: Config, dp: int, tp: int, pp: int, micro: int) -> dict:
+    """The static keys that put `cfg` on dp x tp x pp with `micro` micro-batches (pipeline micro-batches with
+    pp > 1, else gradient accumulation) and the same global batch, as the doctor's search changes them: a new
+    stage count resets the offsets and the interleaving. `on_degrees` applies them to the Layout;
+    `readers.with_layout` to the file (tests/doctor/test_one_price.py holds the two to one price).
+    Taught in notebooks/05_semi_auto_parallel.ipynb (through `parallel.make_layout`)."""
     lay = cfg.layout
-    if (dp, tp, pp, micro) == (lay.dp, lay.tp, lay.pp, lay.n_micro):
-        return cfg
     kw = dict(data_parallel=dp, model_parallel=tp, pipeline_stage=pp, micro_batch_num=micro if pp > 1 else 1,
               gradient_accumulation_steps=1 if pp > 1 else micro,
               batch_size=lay.global_batch // (lay.interleave * dp * micro))
@@ -80,5 +82,51 @@ def on_degrees(cfg: Config, dp: int, tp: int, pp: int, micro: int) -> Config:
         kw["offset"] = 0
         if lay.vpp > 1:
             kw["pp_interleave_num"] = 1
-    from .readers import with_layout
-    return with_layout(cfg, **kw)
+    return kw
+
+
+def on_degrees(cfg: Config, dp: int, tp: int, pp: int, micro: int) -> Config:
+    """`cfg` on dp x tp x pp with `micro` micro-batches and the same global batch: `variants.layout_variant` with
+    `degree_changes`' keys (dataclasses.replace on the parsed Layout, no YAML written or read). The file's own
+    switches travel in `Config.asked`: a file at model_parallel 1 with use_seq_parallel gets sequence parallel at
+    tp > 1, one at dp 1 with the parallel optimizer gets it at dp > 1, and a new stage split re-splits the file's
+    recompute entries, as the file edited and read again would.
+    Taught in notebooks/05_semi_auto_parallel.ipynb (through `parallel.make_layout`)."""
+    lay = cfg.layout
+    if (dp, tp, pp, micro) == (lay.dp, lay.tp, lay.pp, lay.n_micro):
+        return cfg
+    return layout_variant(cfg, **degree_changes(cfg, dp, tp, pp, micro))
+
+
+def planned_config(run: Any, dp: int, tp: int, pp: int, micro: int, *, global_batch: int, seq_len: int | None = None,
+                   zero_stage: int = 0, sequence_parallel: bool = False, flash_attention: bool = False,
+                   schedule: str = "1f1b", virtual_stages: int = 1, interleaved_order: str = "standard",
+                   budget: Any = None) -> Config:
+    """The Config of a RunConfig-like model (hidden_size, num_layers, num_heads, ffn_hidden_size, vocab_size,
+    seq_len, optional num_kv_heads, compute_dtype, recompute) on a layout, built directly (Model + Layout): what
+    `readers.read_config` reads from the YAML `mshelpers.mindformers_yaml.mindformers_yaml` writes for it
+    (tests/doctor/test_one_price.py holds the two to one price), with the pipeline schedule the planner asked for.
+    zero_stage >= 1: the parallel optimizer (2: gradient_accumulation_shard); `budget` None: the YAML's 58GB.
+    Taught in notebooks/05_semi_auto_parallel.ipynb (through `parallel.make_layout`)."""
+    h, L, a = int(run.hidden_size), int(run.num_layers), int(run.num_heads)
+    kv = getattr(run, "num_kv_heads", None) or a
+    model = Model(name="LlamaConfig", layers=L, hidden=h, heads=a, kv_heads=kv, head_dim=h // a,
+                  ffn=int(run.ffn_hidden_size), vocab=int(run.vocab_size), seq=int(seq_len or run.seq_len),
+                  attention="mha" if kv == a else "gqa", flash=bool(flash_attention))
+    vpp = virtual_stages if schedule == "interleaved" and virtual_stages > 1 else 1
+    chunks = stage_split(L, pp, vpp, 0, "model.model_config.offset", [])
+    rc = getattr(run, "recompute", "none")
+    full = _per_stage(rc == "full", chunks, "recompute_config.recompute")
+    sel = _select_ops(rc == "selective", chunks, full, "recompute_config.select_recompute")
+    layout = Layout(dp=dp, tp=tp, pp=pp, vpp=vpp, micro=micro if pp > 1 else 1, batch=global_batch // (dp * micro),
+                    grad_accum=1 if pp > 1 else micro, seq_parallel=sequence_parallel and tp > 1,
+                    optimizer_shard="po" if zero_stage >= 1 and dp > 1 else "none", shard_accum=zero_stage >= 2,
+                    stage_layers=tuple(sum(c[s] for c in chunks) for s in range(pp)), full_recompute=tuple(full),
+                    select_ops=tuple(sel), compute_dtype=_dtype(getattr(run, "compute_dtype", "bfloat16"), "float16",
+                                                                "compute_dtype"),
+                    param_bytes=4, state_bytes=8, schedule=schedule if pp > 1 else "1f1b",
+                    interleaved_order=interleaved_order)
+    asked = {"use_seq_parallel": sequence_parallel and tp > 1, "enable_parallel_optimizer": zero_stage >= 1,
+             "recompute": rc == "full", "select_recompute": rc == "selective"}
+    return checked(Config(model=model, layout=layout, budget_bytes=parse_size("58GB" if budget is None else budget),
+                          dialect="r1.x", asked=asked))

@@ -589,7 +589,7 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
 def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
     """Stage i's activations: per_layer (each layer in its recompute mode), per_micro_batch (their sum; swap: the
     two largest stay on device), working (one layer rematerialised under recompute), output (logits on the last
-    stage), in_flight (micro-batches held under 1F1B, x Narayanan et al.'s interleaved factor) and
+    stage), in_flight (micro-batches held at the peak under the layout's schedule, `in_flight`) and
     bytes = per_micro_batch x in_flight + working + output, the term memory_per_stage adds."""
     if "." in __package__:
         from .. import memory as mem
@@ -609,14 +609,24 @@ def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
     if (full or sel) and ids:
         working = _layer_activation(mem, m, lay, ids[0], seq, "none", bpv) - min(per_layer)
     stored = sum(sorted(per_layer, reverse=True)[:2]) if lay.swap and ids else sum(per_layer)
-    inflight = min(lay.pp - i, lay.micro) if lay.pp > 1 else 1
-    if lay.vpp > 1 and lay.pp > 1:
-        inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
+    inflight = in_flight(lay)[i]
     output = 0
     if i == lay.pp - 1:
         output = mem.output_activation_bytes(seq, lay.batch, m.vocab, tp=lay.tp, bytes_per_value=bpv) * (1 + m.mtp)
     return {"layers": len(ids), "per_layer": per_layer, "per_micro_batch": stored, "working": working,
             "output": output, "in_flight": inflight, "bytes": stored * inflight + working + output}
+
+
+def in_flight(lay: Any) -> list:
+    """Micro-batches each stage holds at its peak under the layout's schedule (and interleaved order), 1 without a
+    pipeline: `pipeline.pipeline_in_flight`, the one rule. Taught in notebooks/05_semi_auto_parallel.ipynb."""
+    if lay.pp == 1:
+        return [1]
+    if "." in __package__:
+        from ..pipeline import pipeline_in_flight
+    else:  # the doctor/ folder copied beside its siblings as plain files
+        from pipeline import pipeline_in_flight
+    return pipeline_in_flight(lay.pp, lay.micro, lay.schedule, lay.vpp, interleaved_order=lay.interleaved_order)
 
 
 def _layer_activation(mem: Any, m: Model, lay: Any, j: int, seq: int, mode: str, bpv: int) -> int:

@@ -116,6 +116,9 @@ class Layout:
     compute_dtype: str = "float16"
     param_bytes: int = 2
     state_bytes: int = 8            # optimizer bytes per parameter (Adam: two fp32 moments)
+    schedule: str = "1f1b"          # pipeline schedule (pp > 1): "1f1b" (mindformers' default), "gpipe", or
+                                    # "interleaved" (vpp chunks per stage; a file's pp_interleave_num > 1)
+    interleaved_order: str = "standard"   # MindSpore's InterleavedScheduler order: "standard" or "memory"
 
     @property
     def devices(self) -> int:
@@ -189,6 +192,11 @@ class Config:
     release: tuple = ()             # the mindformers release the file runs on, when given (read_config(release=))
     key_flags: tuple = field(default=(), compare=False)   # unknown keys and missing sections (keys.key_flags)
     hccl_reserve: bool = False      # keep HCCL's buffers free inside the budget (cost.memory_reserve; Ascend only)
+    # The file's own switches, as it sets them, where the Layout shows only their effect: use_seq_parallel (on
+    # only with tp > 1), enable_parallel_optimizer (on only with dp x cp > 1), and the recompute entries
+    # (recompute, select_recompute; a 2.x file's recompute section) its stage split resolved. variants.layout_variant
+    # reads them, so a variant to tp > 1, dp > 1 or another stage split turns them on as the file would.
+    asked: dict = field(default_factory=dict, compare=False, repr=False)
 
     def layout_dict(self) -> dict:
         """The layout as mindformers' r1.x names (for the report, --json and the search's change lists)."""

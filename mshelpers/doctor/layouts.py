@@ -265,6 +265,37 @@ def pynative_chunks(par: dict, layers: int, pp: int, vpp: int, notes: list) -> l
     return chunks
 
 
+def pynative_recompute(rc: dict, layers: int, chunks: list[list[int]]) -> tuple[list[int], list[tuple]]:
+    """A 2.x `recompute:` section (RecomputeConfig: mode 'None', 'full' with full_recompute_layer, or 'select'
+    with select_module {pattern: layer ranges}) as per-stage full counts and select ops, its layer numbers
+    placed on the stages of `chunks` (VPP chunk-major, as mindformers numbers them)."""
+    vpp, pp = len(chunks), len(chunks[0])
+    mode = str(rc.get("mode", "None"))
+    stage_of = [s for v in range(vpp) for s in range(pp) for _ in range(chunks[v][s])]
+    full = [0] * pp
+    sel: list[tuple] = [()] * pp
+    if mode == "full":
+        ids = _ranges(rc.get("full_recompute_layer", True) if rc.get("full_recompute_layer") is not None else True,
+                      layers, "recompute.full_recompute_layer")
+        for i in ids:
+            full[stage_of[i]] += 1
+    elif mode == "select":
+        sm = rc.get("select_module") or {}
+        if isinstance(sm, dict):
+            out = [[] for _ in range(pp)]
+            for pat, rng in sm.items():
+                per = [0] * pp
+                for i in _ranges(rng if rng is not None else True, layers, f"recompute.select_module[{pat!r}]"):
+                    per[stage_of[i]] += 1
+                for s in range(pp):
+                    if per[s]:
+                        out[s].append((str(pat), per[s]))
+            sel = [tuple(o) for o in out]
+    elif mode != "None":
+        raise DoctorError("recompute.mode", mode, "'None', 'full' or 'select' (mindformers' RecomputeConfig)")
+    return full, sel
+
+
 def checked(cfg: Config) -> Config:
     """`cfg`, once its layout passes the cross-checks against its model (tp dividing the heads and the FFN, ep
     carved out of dp x tp, micro-batches per stage, cp dividing the sequence); else one DoctorError line.
@@ -283,6 +314,11 @@ def checked(cfg: Config) -> Config:
                           "EP out of them)")
     if m.moe and m.moe.routed % lay.ep:
         raise DoctorError("expert_parallel", lay.ep, f"a divisor of the routed experts ({m.moe.routed})")
+    if lay.schedule not in ("1f1b", "gpipe", "interleaved") or (lay.vpp > 1 and lay.schedule != "interleaved"):
+        raise DoctorError("schedule", lay.schedule, "'1f1b', 'gpipe' or 'interleaved' (the only one with "
+                          "pp_interleave_num > 1)")
+    if lay.interleaved_order not in ("standard", "memory"):
+        raise DoctorError("interleaved_order", lay.interleaved_order, "'standard' or 'memory'")
     if lay.pp > 1 and lay.micro < lay.pp:
         raise DoctorError("parallel_config.micro_batch_num", lay.micro, f"micro_batch_num >= pipeline_stage={lay.pp}")
     if m.seq % lay.cp:

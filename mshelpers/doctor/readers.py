@@ -30,8 +30,8 @@ from typing import Any
 
 from .describe import Config, DoctorError, Layout, MoE, Model
 from .keys import key_flags
-from .layouts import (_budget, _count, _dtype, _flag, _is_int, _per_stage, _ranges, _select_ops, checked, parse_size,
-                      pynative_chunks, stage_split)
+from .layouts import (_budget, _count, _dtype, _flag, _is_int, _per_stage, _select_ops, checked, parse_size,
+                      pynative_chunks, pynative_recompute, stage_split)
 from .variants import edited_yaml
 
 _HALF = ("float16", "bfloat16", "fp16", "bf16")
@@ -410,9 +410,13 @@ def _static(d: dict, dialect: str, budget: Any, model_config: Any) -> Config:
                     stage_layers=tuple(sum(c[s] for c in chunks) for s in range(pp)),
                     full_recompute=tuple(full), select_ops=tuple(sel), swap=_swap(d),
                     compute_dtype=cdt, param_bytes=2 if pdt in _HALF else 4,
-                    state_bytes=4 if any(k in opt.lower() for k in ("sgd", "momentum")) else 8)
+                    state_bytes=4 if any(k in opt.lower() for k in ("sgd", "momentum")) else 8,
+                    schedule="interleaved" if vpp > 1 else "1f1b")
+    asked = {"use_seq_parallel": _flag(pc, "use_seq_parallel", False, "parallel_config"),
+             "enable_parallel_optimizer": bool(par.get("enable_parallel_optimizer")),
+             "recompute": rc.get("recompute", False), "select_recompute": rc.get("select_recompute", False)}
     return checked(Config(model=m, layout=layout, budget_bytes=_budget(budget, ctx), dialect=dialect, raw=d,
-                           notes=tuple(notes), model_config=model_config))
+                           notes=tuple(notes), model_config=model_config, asked=asked))
 
 
 def _pynative_dp(par: dict, devices: int | None, tp: int, pp: int, cp: int, gbs: int, local: int, notes: list) -> int:
@@ -463,29 +467,7 @@ def _pynative(d: dict, budget: Any, model_config: Any, devices: int | None) -> C
                           f"{pp * local * dp} (one micro-batch per stage)")
     chunks = pynative_chunks(par, m.layers, pp, vpp, notes)
     rc = _section(d, "recompute")
-    mode = str(rc.get("mode", "None"))
-    stage_of = [s for v in range(vpp) for s in range(pp) for _ in range(chunks[v][s])]
-    full = [0] * pp
-    sel: list[tuple] = [()] * pp
-    if mode == "full":
-        ids = _ranges(rc.get("full_recompute_layer", True) if rc.get("full_recompute_layer") is not None else True,
-                      m.layers, "recompute.full_recompute_layer")
-        for i in ids:
-            full[stage_of[i]] += 1
-    elif mode == "select":
-        sm = rc.get("select_module") or {}
-        if isinstance(sm, dict):
-            out = [[] for _ in range(pp)]
-            for pat, rng in sm.items():
-                per = [0] * pp
-                for i in _ranges(rng if rng is not None else True, m.layers, f"recompute.select_module[{pat!r}]"):
-                    per[stage_of[i]] += 1
-                for s in range(pp):
-                    if per[s]:
-                        out[s].append((str(pat), per[s]))
-            sel = [tuple(o) for o in out]
-    elif mode != "None":
-        raise DoctorError("recompute.mode", mode, "'None', 'full' or 'select' (mindformers' RecomputeConfig)")
+    full, sel = pynative_recompute(rc, m.layers, chunks)
     swap = _section(d, "swap")
     method = str(par.get("context_parallel_method", "colossal"))
     strategy = par.get("data_parallel_shard_strategy", "optim_grads_params")
@@ -501,10 +483,11 @@ def _pynative(d: dict, budget: Any, model_config: Any, devices: int | None) -> C
                     select_ops=tuple(sel), swap=_flag(swap, "enable", False, "swap"),
                     compute_dtype=_dtype(merged.get("compute_dtype"), "bfloat16", "model.compute_dtype"),
                     param_bytes=2 if _dtype(merged.get("params_dtype"), "float32", "model.params_dtype") in _HALF else 4,
-                    state_bytes=8)
+                    state_bytes=8, schedule="interleaved" if vpp > 1 else "1f1b")
     ctx = _section(d, "context")
+    asked = {"use_seq_parallel": _flag(par, "sequence_parallel", False, "parallelism"), "recompute": rc}
     return checked(Config(model=m, layout=layout, budget_bytes=_budget(budget, ctx, "59GB"), dialect="pynative",
-                           raw=d, notes=tuple(notes), model_config=model_config))
+                           raw=d, notes=tuple(notes), model_config=model_config, asked=asked))
 
 
 def load_yaml(path_or_dict: Any) -> dict:
@@ -598,7 +581,8 @@ def _read_config(path_or_dict: Any, budget: Any, model_config: Any, devices: int
 
 # ---------------------------------------------------------------- a variant read again (the slow way)
 def with_layout(cfg: Config, **kw) -> Config:
-    """A variant the slow way: the file edited in its own dialect (edited_yaml) and read again. The search
-    uses variants.layout_variant, which tests/doctor/test_search.py checks prices exactly like this."""
+    """A variant the slow way: the file edited in its own dialect (edited_yaml) and read again. The search and the
+    planner (adapt.on_degrees) use variants.layout_variant instead, which tests/doctor/test_search.py and
+    tests/doctor/test_one_price.py check prices exactly like this."""
     return read_config(edited_yaml(cfg, **kw), budget=cfg.budget_bytes, model_config=cfg.model_config,
                        release=cfg.release)

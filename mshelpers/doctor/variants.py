@@ -15,7 +15,7 @@ from typing import Any
 
 from .describe import Config, DoctorError
 from .layouts import (_count, _per_stage, _select_ops, checked, full_counts_2x, layer_ranges, pynative_chunks,
-                      select_module_2x, stage_split)
+                      pynative_recompute, select_module_2x, stage_split)
 
 
 def _per_chunk(value: Any) -> bool:
@@ -28,9 +28,11 @@ def _per_chunk(value: Any) -> bool:
 def layout_variant(cfg: Config, **changes) -> Config:
     """`cfg` on another layout: the keys of `changes` (the names `with_layout` takes) applied to the parsed
     Layout as mindformers' reader would apply them to the file. Changing the stage split (pipeline_stage,
-    pp_interleave_num, offset) re-splits the layers with the reader's stage_split; recompute and
-    select_recompute go together (a Layout holds per-stage counts, not the file's recompute entries). The
-    result's `raw` is {}: a variant has no file until edited_yaml writes one."""
+    pp_interleave_num, offset) re-splits the layers with the reader's stage_split, and the file's recompute
+    entries (`Config.asked`) with it unless recompute= is given; recompute and select_recompute go together. A
+    switch the parsed Layout cannot show (use_seq_parallel at model_parallel 1, the parallel optimizer at dp x
+    cp = 1) is the file's own, from `Config.asked`. The result's `raw` is {}: a variant has no file until
+    edited_yaml writes one."""
     unknown = sorted(set(changes) - set(_STATIC_KEYS))
     if unknown:
         raise DoctorError(unknown[0], changes[unknown[0]], f"one of {', '.join(_STATIC_KEYS)}")
@@ -65,10 +67,18 @@ def layout_variant(cfg: Config, **changes) -> Config:
     else:                   # the parsed split; per-stage totals are all recompute counts need (not per chunk)
         chunks = [list(lay.stage_layers)] + [[0] * pp for _ in range(vpp - 1)]
     stage = [sum(c[s] for c in chunks) for s in range(pp)]
-    if ("recompute" in changes) != ("select_recompute" in changes) or resplit and "recompute" not in changes:
+    asked = cfg.asked
+    if ("recompute" in changes) != ("select_recompute" in changes) or resplit and "recompute" not in changes \
+            and "recompute" not in asked:
         raise DoctorError("select_recompute" if "recompute" in changes else "recompute", None,
                           "give recompute= and select_recompute= together, and with any new stage split")
-    if "recompute" in changes:
+    if resplit and "recompute" not in changes:     # the file's recompute entries on the new split, as its reader
+        if pyn:
+            full, ops = pynative_recompute(asked["recompute"], m.layers, chunks)
+        else:
+            full = _per_stage(asked["recompute"], chunks, "recompute_config.recompute")
+            ops = _select_ops(asked["select_recompute"], chunks, full, "recompute_config.select_recompute")
+    elif "recompute" in changes:
         rc, sel = changes["recompute"], changes["select_recompute"]
         if not resplit and vpp > 1 and (_per_chunk(rc) or _per_chunk(sel)):
             raise DoctorError("recompute", rc, "per-stage counts: per-chunk lists need the file's chunks "
@@ -85,30 +95,37 @@ def layout_variant(cfg: Config, **changes) -> Config:
             ops = _select_ops(sel, chunks, full, "recompute_config.select_recompute")
     else:
         full, ops = list(lay.full_recompute), list(lay.select_ops)
-    if "use_seq_parallel" in changes:
-        sp = bool(changes["use_seq_parallel"]) and tp > 1
-    elif lay.tp > 1 or tp == 1:
-        sp = lay.seq_parallel and tp > 1
-    else:
+    # a switch the file sets but the layout cannot show (sequence parallel at tp 1, the parallel optimizer at
+    # dp x cp 1) is the file's own (Config.asked); a Config made without a file falls back on what its layout shows
+    want_sp = changes.get("use_seq_parallel", asked.get("use_seq_parallel", lay.seq_parallel if lay.tp > 1 else None))
+    if want_sp is None and tp > 1:
         raise DoctorError("use_seq_parallel", None, f"give it with model_parallel={tp}: at model_parallel 1 the "
-                          "parsed Layout keeps no sequence-parallel flag")
+                          "parsed Layout keeps no sequence-parallel flag, and this Config has no file's")
+    sp = bool(want_sp) and tp > 1
     shard = dp * lay.cp > 1             # the parallel optimizer and FSDP shard over dp x cp
     if pyn:
         if not changes.get("enable_parallel_optimizer", True):
             raise DoctorError("enable_parallel_optimizer", changes["enable_parallel_optimizer"], "True: a 2.x PyNative "
                               "run shards with FSDP over dp x cp (mindformers 2.1.0 reads no switch for it)")
         opt = "fsdp" if shard else "none"
-    elif "enable_parallel_optimizer" in changes:
-        opt = "po" if changes["enable_parallel_optimizer"] and shard else "none"
-    elif lay.dp * lay.cp > 1 or not shard:
-        opt = lay.optimizer_shard if shard else "none"
     else:
-        raise DoctorError("enable_parallel_optimizer", None, f"give it with data_parallel={dp}: at dp x cp = 1 the "
-                          "parsed Layout keeps no parallel-optimizer flag")
+        want_po = changes.get("enable_parallel_optimizer", asked.get(
+            "enable_parallel_optimizer", lay.optimizer_shard != "none" if lay.dp * lay.cp > 1 else None))
+        if want_po is None and shard:
+            raise DoctorError("enable_parallel_optimizer", None, f"give it with data_parallel={dp}: at dp x cp = 1 "
+                              "the parsed Layout keeps no parallel-optimizer flag, and this Config has no file's")
+        opt = "po" if want_po and shard else "none"
+    # a file's schedule is interleaved exactly when pp_interleave_num > 1 (the reader's rule); kept otherwise
+    sched = lay.schedule if vpp == lay.vpp else "interleaved" if vpp > 1 else "1f1b"
     new = dataclasses.replace(lay, dp=dp, tp=tp, pp=pp, ep=ep, vpp=vpp, micro=micro, batch=batch, grad_accum=ga,
+                              schedule=sched,
                               seq_parallel=sp, optimizer_shard=opt, stage_layers=tuple(stage),
                               full_recompute=tuple(full), select_ops=tuple(ops))
-    return checked(dataclasses.replace(cfg, layout=new, raw={}, notes=cfg.notes + tuple(
+    kept = {k: changes[k] for k in ("use_seq_parallel", "enable_parallel_optimizer", "recompute", "select_recompute")
+            if k in changes and not (pyn and k in ("recompute", "select_recompute"))}
+    if pyn and "recompute" in changes:  # a 2.x file's recompute section is rewritten (edited_yaml): not kept here
+        asked = {k: v for k, v in asked.items() if k != "recompute"}
+    return checked(dataclasses.replace(cfg, layout=new, raw={}, asked={**asked, **kept}, notes=cfg.notes + tuple(
         n for n in notes if n not in cfg.notes)))
 
 

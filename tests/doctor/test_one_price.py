@@ -10,7 +10,10 @@ a layout, and all of them must say the same memory per device, step time and fit
 The numbers are not pinned (the cost model is refitted as it improves); the entry points are compared with each
 other, exactly: they must run the same code on the same Model and Layout. The planner's other inputs (a RunConfig
 and degrees) are held to the doctor on the YAML `mindformers_yaml.mindformers_yaml` writes for them, and the planner's
-hardware profiles to the doctor's.
+hardware profiles to the doctor's. The planner never writes or re-reads a YAML itself (issue 58): a file's Layout is
+varied with dataclasses.replace (`doctor.adapt.on_degrees`), held here to the file edited and read again
+(`readers.with_layout`) on every fixture, and a RunConfig's Config is built directly (`doctor.adapt.planned_config`),
+held to the Config read from the YAML `mindformers_yaml` writes.
 """
 from __future__ import annotations
 
@@ -132,3 +135,120 @@ def test_collective_time_is_the_doctors_gradient_reduction():
         grads = sum(D.stage_params(lay.config, 0)) * lay.config.layout.param_bytes
         want = collectives.collective_time("all_reduce", grads, dp, hw, crosses_nodes=dp > hw.devices_per_node)
         assert st["dp_total_s"] == pytest.approx(want, rel=1e-12), (dp, st["dp_total_s"], want)
+
+
+# ---------------------------------------------------------------- one Layout, varied with dataclasses.replace
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _degree_choices(cfg: D.Config) -> list[tuple]:
+    """Some (dp, tp, pp, micro) on the file's devices and global batch: the first that raises tp, the first that
+    raises dp, the first that changes pp, and a spread of the rest (tp dividing the heads and the FFN)."""
+    lay, m = cfg.layout, cfg.model
+    n, batch = lay.devices // lay.cp, lay.global_batch // lay.interleave
+    every = []
+    for tp in _divisors(n):
+        if m.heads % tp or m.ffn % tp or (m.kv_heads % tp and tp % m.kv_heads):
+            continue
+        for pp in _divisors(n // tp):
+            dp = n // (tp * pp)
+            ms = [x for x in _divisors(batch // dp) if x >= pp] if batch % dp == 0 else []
+            for micro in dict.fromkeys(ms[:1] + ms[-1:]):
+                if (dp, tp, pp, micro) != (lay.dp, lay.tp, lay.pp, lay.n_micro):
+                    every.append((dp, tp, pp, micro))
+    first = [next((c for c in every if ok(c)), None) for ok in (
+        lambda c: c[1] > lay.tp, lambda c: c[0] > lay.dp, lambda c: c[2] != lay.pp)]
+    return list(dict.fromkeys([c for c in first if c] + every[::max(1, len(every) // 4)]))
+
+
+@functools.lru_cache(maxsize=None)
+def _varied(name: str) -> dict:
+    """For one fixture: each degree choice varied by the planner's path (adapt.on_degrees: layout_variant, no YAML)
+    and by the slow reference (readers.with_layout: the file edited and read again), both priced."""
+    from mshelpers.doctor import adapt
+    cfg = D.read_config(DATA / name, model_config=MODEL_FOR.get(name))
+    out = {"cfg": cfg, "rows": []}
+    for dp, tp, pp, micro in _degree_choices(cfg):
+        kw = adapt.degree_changes(cfg, dp, tp, pp, micro)
+        try:
+            slow = D.with_layout(cfg, **kw)
+        except D.DoctorError:
+            with pytest.raises(D.DoctorError):              # a file the reader refuses is a refused variant
+                adapt.on_degrees(cfg, dp, tp, pp, micro)
+            out["rows"].append(((dp, tp, pp, micro), None, None))
+            continue
+        out["rows"].append(((dp, tp, pp, micro), slow, adapt.on_degrees(cfg, dp, tp, pp, micro)))
+    return out
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_the_planners_replace_prices_every_fixture_as_its_file_read_again(name):
+    """parallel.make_layout(file, dp, mp, pp, m) varies the file's Layout with dataclasses.replace (adapt.on_degrees);
+    the file's own switches (use_seq_parallel at tp 1, the parallel optimizer at dp x cp 1, the recompute entries
+    a new stage split re-splits) travel in Config.asked. Each variant prices exactly as the file edited and read
+    again (readers.with_layout, the slow reference): the same Model and Layout, memory and step time."""
+    for degrees, slow, fast in _varied(name)["rows"]:
+        if slow is None:
+            continue
+        assert (fast.model, fast.layout, fast.budget_bytes, fast.dialect) == \
+            (slow.model, slow.layout, slow.budget_bytes, slow.dialect), (name, degrees)
+        assert D.memory_per_stage(fast) == D.memory_per_stage(slow), (name, degrees)
+        assert D.step_time(fast, D.hardware("atlas-800t-a2")) == D.step_time(slow, D.hardware("atlas-800t-a2")), \
+            (name, degrees)
+
+
+def test_the_varied_fixtures_reach_every_switch_a_layout_cannot_show():
+    """The equality above is not vacuous: among the fixtures' variants, files at tp 1 that ask for sequence
+    parallel get it at tp > 1, files at dp x cp 1 that ask for the parallel optimizer get it at dp > 1, and new
+    stage splits re-split recompute entries."""
+    sp = po = resplit = checked = refused = 0
+    for name in FILES:
+        got = _varied(name)
+        lay, asked = got["cfg"].layout, got["cfg"].asked
+        for (dp, tp, pp, _), slow, fast in got["rows"]:
+            if slow is None:
+                refused += 1
+                continue
+            checked += 1
+            sp += lay.tp == 1 and tp > 1 and fast.layout.seq_parallel
+            po += lay.dp * lay.cp == 1 and fast.layout.parallel_optimizer
+            resplit += pp != lay.pp and sum(fast.layout.full_recompute) + sum(map(len, fast.layout.select_ops)) > 0
+    assert checked > 300 and sp >= 10 and po >= 15 and resplit >= 30, (checked, refused, sp, po, resplit)
+
+
+@pytest.mark.parametrize("preset, dp, mp, pp, m, kw", [
+    ("llama2-7b", 8, 4, 1, 8, dict(zero_stage=1)),
+    ("llama2-7b", 4, 8, 1, 4, dict(zero_stage=1, sequence_parallel=True, flash_attention=True)),
+    ("llama2-13b", 2, 4, 4, 8, dict(zero_stage=2, recompute="full")),
+    ("llama2-70b", 2, 8, 4, 16, dict(recompute="selective", sequence_parallel=True)),
+    ("llama2-7b", 2, 2, 8, 16, dict(sequence_parallel=True, schedule="interleaved", virtual_stages=2)),
+    ("llama2-13b", 1, 2, 4, 8, dict(zero_stage=1, recompute="full", schedule="interleaved", virtual_stages=5)),
+    ("tiny", 2, 1, 2, 4, dict(budget=2**30)),
+    ("gqa", 2, 4, 2, 4, dict(flash_attention=True, zero_stage=1)),
+])
+def test_a_runconfigs_direct_config_prices_as_the_yaml_mindformers_yaml_writes(preset, dp, mp, pp, m, kw):
+    """The planner builds a RunConfig's doctor Config directly (adapt.planned_config: Model + Layout, no YAML); it
+    is the Config the doctor reads from the YAML mindformers_yaml writes for the same layout, and prices alike."""
+    import types
+    from mshelpers.doctor import adapt
+    kw = dict(kw)
+    rc = kw.pop("recompute", "none")
+    if preset == "gqa":                     # a user's own config with grouped-query attention
+        run = types.SimpleNamespace(**{**RunConfig.preset("llama2-13b").__dict__, "num_kv_heads": 8,
+                                       "recompute": rc})
+    else:
+        run = RunConfig.preset(preset).replace(recompute=rc)
+    batch = 64 if preset != "tiny" else 16
+    direct = adapt.planned_config(run, dp, mp, pp, m, global_batch=batch, seq_len=None, **kw)
+    v = kw.get("virtual_stages", 1)
+    spec = mindformers_yaml.mindformers_yaml(run, direct.layout, zero_stage=kw.get("zero_stage", 0),
+                                             use_flash_attention=kw.get("flash_attention", False),
+                                             sequence_parallel=kw.get("sequence_parallel", False), virtual_stages=v)
+    read = D.read_config(spec, budget=kw.get("budget"))
+    assert (direct.model, direct.layout, direct.budget_bytes, direct.dialect) == \
+        (read.model, read.layout, read.budget_bytes, read.dialect)
+    assert direct.asked == read.asked
+    assert D.memory_per_stage(direct) == D.memory_per_stage(read)
+    assert D.step_time(direct, D.hardware("atlas-800t-a2")) == D.step_time(read, D.hardware("atlas-800t-a2"))
+    assert direct.layout.global_batch == batch and direct.layout.devices == dp * mp * pp

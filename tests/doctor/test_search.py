@@ -109,6 +109,8 @@ EXTRA = [
                                        recompute=False, select_recompute=["feed_forward\\.w1\\.matmul"])),
     ("dense r1.x, full recompute", dict(recompute=2, select_recompute={"feed_forward.mul": [4]})),
     ("dense r1.x, full recompute", dict(use_seq_parallel=True)),                       # no sequence parallel at mp 1
+    ("dense r1.x, pp 8, offsets", dict(pipeline_stage=4, micro_batch_num=128, offset=0)),   # the file's recompute
+    ("dense r1.x, full recompute", dict(model_parallel=2, data_parallel=4)),          # the file's switches at mp 2
     ("mcore, VPP 2, per-chunk recompute", dict(pipeline_stage=4, micro_batch_num=8, data_parallel=4, offset=0,
                                                pp_interleave_num=1, enable_parallel_optimizer=True,
                                                recompute=[4, 3, 2, 1], select_recompute=True)),
@@ -136,7 +138,6 @@ def test_a_variant_off_the_search_path_prices_as_its_file(name, kw):
     ("dense r1.x, full recompute", dict(recompute=False), "select_recompute"),          # one without the other
     ("dense r1.x, pp 8, offsets", dict(pipeline_stage=4, micro_batch_num=128, recompute=True,
                                        select_recompute=False), "offset"),           # the file's offsets were pp 8's
-    ("dense r1.x, pp 8, offsets", dict(pipeline_stage=4, micro_batch_num=128, offset=0), "recompute"),
     ("mcore, VPP 2, per-chunk recompute", dict(recompute=[[1, 1], [1, 1]], select_recompute=False), "recompute"),
     ("2.x PyNative", dict(enable_parallel_optimizer=False), "enable_parallel_optimizer"),
     ("dense r1.x, full recompute", dict(data_parallel=0), "data_parallel"),
@@ -147,6 +148,19 @@ def test_what_a_layout_cannot_tell_is_refused_in_one_line(name, kw, field):
     with pytest.raises(D.DoctorError) as e:
         variants.layout_variant(_read(name), **kw)
     assert e.value.field.endswith(field) and "\n" not in str(e.value) and "fix:" in str(e.value)
+
+
+def test_a_config_without_its_files_switches_refuses_what_its_layout_cannot_tell():
+    """The file's own switches and recompute entries travel in Config.asked; a Config that lost them (built by
+    hand) cannot tell them, and says so in one line rather than guess."""
+    cases = [("dense r1.x, pp 8, offsets", dict(pipeline_stage=4, micro_batch_num=128, offset=0), "recompute"),
+             ("dense r1.x, full recompute", dict(model_parallel=2, data_parallel=4), "use_seq_parallel")]
+    for name, kw, field in cases:
+        cfg = _read(name)
+        assert cfg.asked and variants.layout_variant(cfg, **kw)
+        with pytest.raises(D.DoctorError) as e:
+            variants.layout_variant(dataclasses.replace(cfg, asked={}), **kw)
+        assert e.value.field.endswith(field) and "\n" not in str(e.value) and "fix:" in str(e.value)
 
 
 def test_a_row_carries_its_file_and_the_file_reads_back_as_the_row():
