@@ -98,18 +98,20 @@ def doctor_config(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stag
                   select_recompute_layers: int | None = None, grad_accum_buffer: bool | None = None,
                   shard_grad_accum: bool = False, n_params: int | None = None, mlp: str | None = None,
                   tie_word_embeddings: bool | None = None, bias: bool | None = None, norm: str | None = None,
-                  _fn: str = "doctor_config") -> Any:
+                  qkv_bias: bool = False, vocab_emb_dp: bool = True, _fn: str = "doctor_config") -> Any:
     """The config doctor's `Config` (its `Model` and `Layout`) for a config and a layout: what `estimate` prices.
 
     cfg and every keyword are those of `estimate`. The model: cfg's sizes (num_kv_heads: grouped-query
     attention), the switches mlp, norm, bias, tie_word_embeddings, learned_positions, and `arch` (the activation
     block: default "gpt" for mlp="gelu", else "llama"); `n_params=` is held as the doctor's extra_params (your
-    count minus the structural one, on the first stage). The layout: dp, tp, pp and micro-batches as `estimate`
+    count minus the structural one, on the first stage); qkv_bias=True: biases on q, k and v only (Qwen, ChatGLM).
+    The layout: dp, tp, pp and micro-batches as `estimate`
     reads them, micro-batch = batch_size / (dp · micro_batches), cfg.recompute (or full_recompute_layers and
     select_recompute_layers, per stage) on every stage, zero_stage (1, 2, 3: the doctor's "zero1", "zero2",
     "fsdp") or parallel_optimizer (its "po"), bytes per parameter from `accounting` (default "mixed" for a 16-bit
     compute_dtype, else "fp32"), and `grad_accum_buffer` (default cfg.grad_accum > 1: the cookbook's loop sums
-    micro-steps into a buffer of its own; False: MindSpore's in-place accu_grads).
+    micro-steps into a buffer of its own; False: MindSpore's in-place accu_grads); vocab_emb_dp=False splits the
+    embedding over tp as well (mindformers' parallel_config.vocab_emb_dp; True: whole on every tp rank).
 
         >>> from mshelpers.config import RunConfig
         >>> c = doctor_config(RunConfig.preset("llama2-7b"), n_devices=8, zero_stage=1)
@@ -134,8 +136,8 @@ def doctor_config(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stag
     half = cfg.compute_dtype in _HALF_DTYPES
     p_b, g_b, o_b = S.accounting_bytes(accounting or ("mixed" if half else "fp32"), _fn=fn)
     kv = num_kv_heads if num_kv_heads is not None else cfg.num_kv_heads
-    counted = S.transformer_param_count(cfg, mlp=mlp, tie_word_embeddings=tie_word_embeddings, bias=bias, norm=norm,
-                                        num_kv_heads=kv, _fn=fn)     # (checks the switches and kv)
+    S.transformer_param_count(cfg, mlp=mlp, tie_word_embeddings=tie_word_embeddings, bias=bias, norm=norm,
+                              num_kv_heads=kv, _fn=fn)     # (checks the switches and kv, each in one line)
     kv = cfg.num_heads if kv is None else int(kv)
     if kv > cfg.num_heads or cfg.num_heads % kv:
         raise ValueError(f"{fn}: num_kv_heads={kv} must divide num_heads={cfg.num_heads}; "
@@ -151,9 +153,10 @@ def doctor_config(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stag
                                                else tie_word_embeddings),
                     attention="gqa" if kv < a else "mha", flash=bool(flash_attention), block=block, mlp=mlp_,
                     norm=S._switch(fn, "norm", norm, cfg.norm, S.NORM_KINDS),
-                    bias=bool(cfg.bias if bias is None else bias), positions=int(cfg.learned_positions))
-    n = counted if n_params is None else S._pos_count(fn, "n_params", n_params)
-    model = replace(model, extra_params=n - D.param_count(model))      # 0 unless n_params= is given
+                    bias=bool(cfg.bias if bias is None else bias), positions=int(cfg.learned_positions),
+                    qkv_bias=bool(qkv_bias))
+    if n_params is not None:      # the user's count: what the structural count misses sits on the first stage
+        model = replace(model, extra_params=S._pos_count(fn, "n_params", n_params) - D.param_count(model))
     per = cfg.num_layers // pp
     if full_recompute_layers is None and select_recompute_layers is None:
         full, sel = {"full": (per, 0), "selective": (0, per), "none": (0, 0)}[cfg.recompute]
@@ -167,7 +170,8 @@ def doctor_config(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stag
     sp = bool(getattr(layout, "sequence_parallel", False)) if sequence_parallel is None else bool(sequence_parallel)
     lay = D.Layout(dp=dp, tp=tp, pp=pp, micro=micro, batch=cfg.batch_size // (dp * micro), grad_accum=cfg.grad_accum,
                    seq_parallel=sp, optimizer_shard="po" if parallel_optimizer else _ZERO_SHARD[zero_stage],
-                   shard_accum=bool(shard_grad_accum), stage_layers=(per,) * pp, full_recompute=(full,) * pp,
+                   shard_accum=bool(shard_grad_accum), vocab_emb_dp=bool(vocab_emb_dp), stage_layers=(per,) * pp,
+                   full_recompute=(full,) * pp,
                    select_ops=(tuple((p, sel) for p in _SELECT) if sel else (),) * pp,
                    compute_dtype=cfg.compute_dtype, param_bytes=p_b, grad_bytes=g_b, state_bytes=o_b,
                    accum_buffer=cfg.grad_accum > 1 if grad_accum_buffer is None else bool(grad_accum_buffer))
@@ -241,7 +245,7 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
              select_recompute_layers: int | None = None, grad_accum_buffer: bool | None = None,
              shard_grad_accum: bool = False, n_params: int | None = None, mlp: str | None = None,
              tie_word_embeddings: bool | None = None, bias: bool | None = None,
-             norm: str | None = None) -> dict[str, int]:
+             norm: str | None = None, qkv_bias: bool = False, vocab_emb_dp: bool = True) -> dict[str, int]:
     """Peak training memory per device for a model and batch, as a breakdown dict (bytes): the config doctor's
     `memory_per_stage` for `doctor_config(cfg, ...)`, its largest stage, plus the CPU-side terms below.
 
@@ -287,6 +291,7 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
       sequence_parallel           (default: layout.sequence_parallel if present)
       full_recompute_layers, select_recompute_layers
                                   per-stage layer counts instead of cfg.recompute
+      qkv_bias, vocab_emb_dp      biases on q, k, v only; the embedding split over tp (see `doctor_config`)
 
     Keys: n_params (count, whole model), params, grads, optimizer_states, activations (stored layers x in-flight
     micro-batches + recompute working set + output logits, times activation_scale), activations_per_layer,
@@ -307,7 +312,8 @@ def estimate(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: in
               arch=arch, parallel_optimizer=parallel_optimizer, full_recompute_layers=full_recompute_layers,
               select_recompute_layers=select_recompute_layers, grad_accum_buffer=grad_accum_buffer,
               shard_grad_accum=shard_grad_accum, n_params=n_params, mlp=mlp,
-              tie_word_embeddings=tie_word_embeddings, bias=bias, norm=norm)
+              tie_word_embeddings=tie_word_embeddings, bias=bias, norm=norm, qkv_bias=qkv_bias,
+              vocab_emb_dp=vocab_emb_dp)
     return _price(cfg, None, offload_optimizer, activation_scale, overhead_bytes, "estimate", kw)
 
 
