@@ -21,7 +21,7 @@ report and logs use all of them; the CLI uses report and logs):
   hardware.py     Ascend profiles, each figure with its source; "cpu" is this machine
   topology.py     ranks placed on nodes in mindformers' order per dialect; the span and links of each group
   cost.py         FLOPs, parameters, the step decomposed on the links each group crosses, memory per stage
-                  (never sees a YAML)
+                  (never sees a YAML; the one memory model: mshelpers.memory.estimate prices a RunConfig by it)
   adapt.py        the same prices in the planner's terms (bytes per group, stage activations) for parallel.py
   search.py       layouts under the budget, ranked; the smallest scale at which a config that cannot fit does
   published.py    mindformers' published tokens/s/p with the YAMLs they link
@@ -32,7 +32,7 @@ report and logs use all of them; the CLI uses report and logs):
   yamledit.py     the improved YAML as the user's text with only the changed keys edited (comments, anchors kept)
   cpu_check.py    the cost model checked on this CPU against the mini LLaMA (notebook 12)
   cli.py          the command line
-Copy the whole `doctor/` folder (with `memory.py` beside it for memory, `peak.py` for the cpu profile).
+Copy the whole `doctor/` folder (with `memory_activations.py` beside it for memory, `peak.py` for the cpu profile).
 
 What the model leaves out: workspace and fragmentation in the memory pool (the reserve is HCCL's buffers only),
 kernel efficiency that varies with shape beyond the expert GEMMs' roofline (small TP shards), TP communication fused

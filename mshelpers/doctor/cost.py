@@ -62,8 +62,7 @@ def expert_params(m: Model, i: int) -> int:
 
 
 def norm_params(m: Model) -> int:
-    """One norm's parameters: RMSNorm's h weights, LayerNorm's h weights and h biases."""
-    return 2 * m.hidden if m.norm == "layer" else m.hidden
+    return 2 * m.hidden if m.norm == "layer" else m.hidden      # RMSNorm: h weights; LayerNorm: + h biases
 
 
 def layer_params(m: Model, i: int, active: bool = False) -> int:
@@ -546,28 +545,21 @@ def with_reserve(cfg: Config, hw: Any) -> Config:
 
 
 def memory_per_stage(cfg: Config) -> dict[str, Any]:
-    """Peak bytes per device of each pipeline stage, against the budget, with the largest stage's breakdown
-    (params, grads, optimizer_states, activations; an accumulation buffer is counted in grads, and given apart as
-    grad_accum_buffer_bytes). The one memory model: mshelpers.memory.estimate prices a RunConfig through it.
-
-    Sharding (Layout.optimizer_shard, over the dp x cp ranks that hold the same parameters; routed experts over their
-    replicas): "po" (MindSpore's parallel optimizer) and "fsdp" slice params and optimizer states; "zero1" the states,
-    "zero2" the states and grads (Rajbhandari et al. 2020); "fsdp" also the grads. Bytes per parameter: param_bytes,
-    grad_bytes (None: param_bytes), state_bytes."""
-    m, lay = cfg.model, cfg.layout
-    ids = stage_layer_ids(cfg)
+    """Peak bytes per device of each pipeline stage against the budget, and the largest stage's breakdown (params,
+    grads (with any accumulation buffer, also given as grad_accum_buffer_bytes), optimizer_states, activations): the
+    one memory model (mshelpers.memory.estimate prices a RunConfig by it). Layout.optimizer_shard slices over dp x cp
+    (experts over their replicas): "po" params and states, "zero1" states, "zero2" states and grads, "fsdp" all."""
+    m, lay, ids = cfg.model, cfg.layout, stage_layer_ids(cfg)
     accum = lay.grad_accum > 1 or (lay.pp > 1 and lay.micro > 1)
-    # an expert shard's replicas: every data- and context-parallel rank holds the same experts (topology's EDP
-    # group), so the parallel optimizer shards their states over all of them
+    # an expert shard's replicas (topology's EDP group): the parallel optimizer shards their states over all of them
     replicas_expert = max(1, lay.dp * lay.cp * lay.tp // expert_shard(cfg))
     totals, parts, buffers = [], [], []
     for i in range(lay.pp):
         dense, expert = stage_params(cfg, i)
         first = layer_params(m, ids[i][0]) / lay.tp if ids[i] else 0
-        params, grads, states, buffer = _stage_states(lay, dense, expert, first, replicas_expert, accum)
-        activations = stage_activations(cfg, i)["bytes"]
-        part = {"params": int(params), "grads": int(grads), "optimizer_states": int(states),
-                "activations": int(activations)}
+        *states, buffer = _stage_states(lay, dense, expert, first, replicas_expert, accum)
+        part = dict(zip(("params", "grads", "optimizer_states", "activations"),
+                        map(int, (*states, stage_activations(cfg, i)["bytes"]))))
         totals.append(sum(part.values()))           # the parts, each in whole bytes, sum to the total
         buffers.append(int(buffer))
         parts.append(part)
@@ -582,39 +574,26 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
             "per_stage_grad_accum_buffer_bytes": buffers}
 
 
-def _stage_states(lay: Any, dense: float, expert: float, first_layer: float, replicas_expert: int,
-                  accum: bool) -> tuple[float, float, float, float]:
-    """(params, grads, optimizer states, of the grads the separate accumulation buffer) on one device of a stage
-    holding `dense` and `expert` parameters; first_layer: one layer's parameters on it (the parallel optimizer's
-    whole gradients of the layer the backward is in)."""
-    pb, gb = lay.param_bytes, lay.param_bytes if lay.grad_bytes is None else lay.grad_bytes
-    kind = lay.optimizer_shard
-    po = lay.parallel_optimizer                     # any sharding, over more than one rank
-    fsdp = kind == "fsdp" and lay.shard_ranks > 1
-    dshard, eshard = (lay.shard_ranks, replicas_expert) if po else (1, 1)
-    sliced = dense / dshard + expert / eshard
+def _stage_states(lay: Any, dense: float, expert: float, first_layer: float, replicas: int, accum: bool) -> tuple:
+    """(params, grads, states, the separate accumulation buffer in grads) of a device holding dense + expert."""
+    gb = lay.param_bytes if lay.grad_bytes is None else lay.grad_bytes
+    kind, po = lay.optimizer_shard, lay.parallel_optimizer        # po: any sharding, over more than one rank
+    fsdp, whole = kind == "fsdp" and lay.shard_ranks > 1, dense + expert
+    sliced = dense / lay.shard_ranks + expert / replicas if po else whole
     in_place = accum and not lay.accum_buffer      # MindSpore's accu_grads: the buffer is the gradients' one copy
-    params = pb * (sliced if po and kind in ("po", "fsdp") else dense + expert)
-    # gradients: whole, unless sharded over dp: FSDP and ZeRO-2; or MindSpore's parallel optimizer without in-place
-    # accumulation, whose graph reduce-scatters each gradient as the backward produces it and keeps its slice (one
-    # layer's whole gradients are alive at a time)
-    if fsdp or (po and kind == "zero2"):
-        grads = gb * sliced
-    elif po and kind == "po" and not in_place:
-        grads = gb * sliced + gb * first_layer
-    else:
-        grads = gb * (dense + expert)
-    states = lay.state_bytes * sliced
+    params = lay.param_bytes * (sliced if kind in ("po", "fsdp") else whole)   # ZeRO-1/2 keep the weights whole
+    # gradients: whole, unless sliced: FSDP, ZeRO-2; MindSpore's parallel optimizer without in-place accumulation
+    # reduce-scatters each gradient as the backward makes it and keeps its slice (one layer's whole grads alive)
+    grads = gb * (sliced if fsdp or po and kind == "zero2" else
+                  sliced + first_layer if po and kind == "po" and not in_place else whole)
     # accumulating in place (pipeline micro-batches or gradient accumulation): MindSpore adds each micro-batch's
-    # gradients into the accu_grads buffer as the backward produces them, so the buffer is the one gradient-sized
-    # copy (counted as grads; sliced over dp with gradient_accumulation_shard)
+    # gradients into accu_grads as the backward produces them: the one copy (sliced with gradient_accumulation_shard)
     if in_place and lay.shard_accum and po:
         grads = grads / lay.shard_ranks
-    buffer = 0.0
-    if accum and lay.accum_buffer:                  # a second copy beside the gradients, sharded as they are
-        sharded = fsdp or (po and (kind == "zero2" or lay.shard_accum))
-        buffer = gb * (sliced if sharded else dense + expert)
-    return params, grads + buffer, states, buffer
+    # a loop with its own buffer (Layout.accum_buffer) keeps a second copy, sliced as the gradients are
+    buffer = (accum and lay.accum_buffer) * gb * (sliced if fsdp or po and (kind == "zero2" or lay.shard_accum)
+                                                  else whole)
+    return params, grads + buffer, lay.state_bytes * sliced, buffer
 
 
 def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
