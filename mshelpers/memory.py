@@ -48,7 +48,7 @@ _SELECT = ("feed_forward.mul", "feed_forward.w1.activation")   # mindformers' se
 # names kept importable from here: the module that defines each
 _MOVED = {"memory_states": ("ACCOUNTINGS", "ZERO_STAGES", "RECOMPUTE_MODES", "MLP_KINDS", "NORM_KINDS",
                             "llama_param_count", "transformer_param_count", "model_state_breakdown",
-                            "model_state_bytes", "accounting_bytes"),
+                            "model_state_bytes", "accounting_bytes", "sharded_state_bytes", "SHARDINGS"),
           "memory_activations": ("ARCHS", "activation_bytes_per_layer", "output_activation_bytes"),
           "memory_fit": ("calibrate",)}
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
+from fractions import Fraction
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,6 +41,7 @@ ACCOUNTINGS: dict[str, tuple[int, int, int]] = {
     "fp32_states": (2, 2, 8),
 }
 ZERO_STAGES = (0, 1, 2, 3)
+SHARDINGS = ("none", "zero1", "zero2", "fsdp", "po")     # ZeRO stages 0-3 by index, then MindSpore's parallel optimizer
 RECOMPUTE_MODES = ("none", "selective", "full")   # a config's recompute field (memory_activations' modes)
 
 
@@ -151,15 +153,49 @@ def model_state_breakdown(n_params: int, *, zero_stage: int = 0, dp: int = 1,
     if zero_stage not in ZERO_STAGES:
         raise ValueError(f"{_fn}: zero_stage={zero_stage!r} is invalid; fix: use one of {ZERO_STAGES}")
     dp = _pos_count(_fn, "dp", dp)
-    p_b, g_b, o_b = accounting_bytes(accounting, _fn=_fn)
-    po = bool(parallel_optimizer)
+    kind = ("fsdp" if zero_stage >= 2 else "po") if parallel_optimizer else SHARDINGS[zero_stage]
+    # exact arithmetic (Fractions), then the biggest rank's shard in whole bytes; gradients as an accumulating run
+    # keeps them (whole under the parallel optimizer: see sharded_state_bytes)
+    p, g, o, _ = sharded_state_bytes(Fraction(n_params), Fraction(0), ranks=dp, sharding=kind,
+                                     bytes_per_param=accounting_bytes(accounting, _fn=_fn), accumulating=True)
+    return {"params": math.ceil(p), "grads": math.ceil(g), "optimizer_states": math.ceil(o)}
 
-    def shard(total: int, sharded: bool) -> int:
-        return -(-total // dp) if sharded else total   # ceil: the biggest rank's shard
 
-    return {"params": shard(p_b * n_params, zero_stage >= 3 or po),
-            "grads": shard(g_b * n_params, zero_stage >= 2),
-            "optimizer_states": shard(o_b * n_params, zero_stage >= 1 or po)}
+def sharded_state_bytes(dense: float, expert: float = 0, *, ranks: int = 1, expert_ranks: int = 1,
+                        sharding: str = "none", bytes_per_param: tuple[int, int, int] = (2, 2, 12),
+                        accumulating: bool = False, accum_buffer: bool = False, shard_accum: bool = False,
+                        layer_params: float = 0) -> tuple[float, float, float, float]:
+    """(params, grads, optimizer states, the accumulation buffer counted in those grads) bytes on one device that
+    holds `dense` parameters, sliced over `ranks`, and routed-expert parameters (`expert`, over `expert_ranks`):
+    the one rule `model_state_breakdown` and the config doctor's `memory_per_stage` (so `memory.estimate`) use.
+
+    sharding, over more than one rank (SHARDINGS): "zero1" slices the optimizer states, "zero2" also the gradients,
+    "fsdp" (ZeRO-3) also the parameters (Rajbhandari et al. 2020); "po", MindSpore's parallel optimizer, the
+    parameters and the states, and the gradients too when not accumulating in place: its graph reduce-scatters each
+    gradient as the backward produces it and keeps its slice, one layer's whole gradients (`layer_params`) alive.
+    accumulating (gradient accumulation, or pipeline micro-batches): MindSpore adds each micro-batch's gradients into
+    accu_grads, the gradients' one copy (sliced over the ranks with `shard_accum`, mindformers'
+    gradient_accumulation_shard); `accum_buffer`: a loop that sums them into a buffer of its own keeps a second copy,
+    sliced as the gradients are (or with shard_accum). Plain arithmetic: pass Fractions for exact bytes.
+
+        >>> sharded_state_bytes(1000, ranks=4, sharding="zero2", bytes_per_param=(2, 2, 12))
+        (2000, 500.0, 3000.0, 0.0)
+
+    Taught in notebooks/06_recompute_memory.ipynb (inside model_state_breakdown and estimate).
+    """
+    pb, gb, sb = bytes_per_param
+    sharded = sharding != "none" and ranks > 1
+    whole = dense + expert
+    sliced = dense / ranks + expert / expert_ranks if sharded else whole
+    in_place = accumulating and not accum_buffer
+    params = pb * (sliced if sharding in ("po", "fsdp") else whole)
+    grads = gb * (sliced if sharded and sharding in ("zero2", "fsdp") else
+                  sliced + layer_params if sharded and sharding == "po" and not in_place else whole)
+    if in_place and shard_accum and sharded:
+        grads = grads / ranks
+    buffer = (accumulating and accum_buffer) * gb * (
+        sliced if sharded and (sharding in ("zero2", "fsdp") or shard_accum) else whole)
+    return params, grads + buffer, sb * sliced, buffer
 
 
 def accounting_bytes(accounting: str | tuple[int, int, int], *, _fn: str = "accounting_bytes") -> tuple[int, int, int]:

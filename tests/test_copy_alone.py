@@ -208,6 +208,7 @@ CALLS: dict[str, str] = {
         assert m.model_state_bytes(np.int64(10**9)) == 16 * 10**9
         assert sum(m.model_state_breakdown(10**9).values()) == 16 * 10**9
         assert m.accounting_bytes("fp32_states") == (2, 2, 8)
+        assert m.sharded_state_bytes(1000, ranks=4, sharding="fsdp") == (500.0, 500.0, 3000.0, 0)
     """,
     "memory_activations": """
         assert m.activation_bytes_per_layer(32, 1, 64, 4) > 0 and m.output_activation_bytes(32, 1, 128) > 0
@@ -448,14 +449,14 @@ NOT_PLAIN: dict[str, set[str]] = {
 # call to make in the folder holding exactly those files ("" = the imports are checked, no call).
 _TRAIN_CHAIN = ("train", "train_step", "config", "metrics", "peak", "data", "model", "device", "checkpoint", "table", "stability")
 _ESTIMATE = ("memory_states", "memory_activations", "memory_fit", "doctor")
-_PLANNER = ("doctor", "memory_activations", "hardware", "pipeline", "mindformers_yaml", "collectives")
+_PLANNER = ("doctor", "memory_activations", "memory_states", "hardware", "pipeline", "mindformers_yaml", "collectives")
 NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("amp", "amp_level_run"): (_TRAIN_CHAIN, ""),
     ("amp", "make_scaled_train_step"): (("train_step",), ""),
     ("compiling", "first_steps"): (("config", "data", "device", "model"), ""),
     ("compiling", "fusion_steps"): (("config", "data", "device", "model"), ""),
     ("doctor", "hardware"): (("peak",), "assert m.hardware('cpu').peak('float32') > 1e9"),
-    ("doctor", "memory_per_stage"): (("memory_activations",), """
+    ("doctor", "memory_per_stage"): (("memory_activations", "memory_states"), """
         d = {"model": {"model_config": dict(hidden_size=256, num_layers=4, num_heads=4, vocab_size=1024,
                                             seq_length=128)}, "context": {"max_device_memory": "1GB"}}
         assert m.memory_per_stage(m.read_config(d))["fits"] is True"""),
@@ -467,24 +468,24 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
         assert hw.peak("float32") == 1e11 and hw.dp_overlap == 0"""),
     # the DP worker's step (workers/dp_train.py, whose scripts import mshelpers: run it from the cookbook)
     ("doctor", "measure_cpu_steps"): (_TRAIN_CHAIN + ("workers",), ""),
-    ("doctor", "better_layouts"): (("memory_activations",), ""),
-    ("doctor", "layout_answers"): (("memory_activations",), """
+    ("doctor", "better_layouts"): (("memory_activations", "memory_states"), ""),
+    ("doctor", "layout_answers"): (("memory_activations", "memory_states"), """
         d = {"model": {"model_config": {"hidden_size": 1024, "num_layers": 8, "num_heads": 16, "vocab_size": 32000,
                                         "seq_length": 2048}},
              "parallel_config": {"data_parallel": 8}, "runner_config": {"batch_size": 1},
              "context": {"max_device_memory": "58GB"}}
         got = m.layout_answers(m.read_config(d), m.hardware("atlas-800t-a2"))
         assert got["fastest"] and len(got["smallest"]) == 1"""),
-    ("doctor", "smallest_fitting_scale"): (("memory_activations",), ""),
-    ("doctor", "calibration_table"): (("memory_activations",), ""),
-    ("doctor", "leave_one_family_out"): (("memory_activations",), ""),       # the fixtures live in the repo's tests/data
-    ("doctor", "stand_in_points"): (("memory_activations",), ""),
-    ("doctor", "heldout_runs"): (("memory_activations",), ""),
-    ("doctor", "heldout_price"): (("memory_activations",), ""),
-    ("doctor", "moe_placement"): (("memory_activations",), ""),
-    ("doctor", "guide_13b_ranking"): (("memory_activations",), ""),
-    ("doctor", "diagnose"): (("memory_activations",), ""),
-    ("doctor", "main"): (("memory_activations",), ""),
+    ("doctor", "smallest_fitting_scale"): (("memory_activations", "memory_states"), ""),
+    ("doctor", "calibration_table"): (("memory_activations", "memory_states"), ""),
+    ("doctor", "leave_one_family_out"): (("memory_activations", "memory_states"), ""),       # the fixtures live in the repo's tests/data
+    ("doctor", "stand_in_points"): (("memory_activations", "memory_states"), ""),
+    ("doctor", "heldout_runs"): (("memory_activations", "memory_states"), ""),
+    ("doctor", "heldout_price"): (("memory_activations", "memory_states"), ""),
+    ("doctor", "moe_placement"): (("memory_activations", "memory_states"), ""),
+    ("doctor", "guide_13b_ranking"): (("memory_activations", "memory_states"), ""),
+    ("doctor", "diagnose"): (("memory_activations", "memory_states"), ""),
+    ("doctor", "main"): (("memory_activations", "memory_states"), ""),
     ("memory_probe", "train_for_peak"): (_TRAIN_CHAIN + ("timing",), ""),
     # a fresh process started by timing's one spawn helper, its RSS read by timing's one reader
     ("memory_probe", "measure_peak"): (("timing",), """
@@ -512,7 +513,7 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
         cfg = dict(hidden_size=64, num_layers=2, num_heads=4, vocab_size=128, seq_len=32, batch_size=4)
         assert m.fits(cfg, 2**30) and m.max_batch_for_budget(cfg, 2**30) > 4"""),
     ("memory", "max_batch_for_budget"): (_ESTIMATE, ""),
-    ("memory", "estimate_from_mindformers_yaml"): (("doctor", "memory_activations"), """
+    ("memory", "estimate_from_mindformers_yaml"): (("doctor", "memory_activations", "memory_states"), """
         d = {"model": {"model_config": dict(hidden_size=256, num_layers=4, num_heads=4, vocab_size=1024,
                                             seq_length=128)}, "context": {"max_device_memory": "1GB"}}
         assert m.estimate_from_mindformers_yaml(d)["fits"] is True"""),

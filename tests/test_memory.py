@@ -269,6 +269,10 @@ def test_a_fractional_count_is_told_that_a_count_has_no_fraction():
 def test_doctests():
     tries, failures = module_doctests(memory)
     assert tries > 10 and failures == 0
+    from mshelpers import memory_activations, memory_fit, memory_states
+    for mod in (memory_states, memory_activations, memory_fit):
+        tries, failures = module_doctests(mod)
+        assert tries >= 2 and failures == 0, mod.__name__
 
 
 # ---------------------------------------------------------------- exact values (mutation survivors)

@@ -32,7 +32,8 @@ report and logs use all of them; the CLI uses report and logs):
   yamledit.py     the improved YAML as the user's text with only the changed keys edited (comments, anchors kept)
   cpu_check.py    the cost model checked on this CPU against the mini LLaMA (notebook 12)
   cli.py          the command line
-Copy the whole `doctor/` folder (with `memory_activations.py` beside it for memory, `peak.py` for the cpu profile).
+Copy the whole `doctor/` folder (with `memory_activations.py` and `memory_states.py` beside it for memory, `peak.py`
+for the cpu profile).
 
 What the model leaves out: workspace and fragmentation in the memory pool (the reserve is HCCL's buffers only),
 kernel efficiency that varies with shape beyond the expert GEMMs' roofline (small TP shards), TP communication fused

@@ -14,7 +14,8 @@
             (dispatch + combine, forward and backward, over EP ranks), context parallel (ring: K/V passed
             cp - 1 times; Ulysses: 4 all-to-alls of q, k, v, o), pipeline sends (x VPP chunks), the 1F1B
             bubble (/ VPP), the exposed DP reduction (or FSDP gathers), the optimizer update.
-  memory    per stage: params, grads and optimizer states (experts sharded over max(ep, tp)), activations
+  memory    per stage: params, grads and optimizer states (mshelpers.memory_states.sharded_state_bytes; experts
+            sharded over max(ep, tp)), activations
             (Korthikanti et al. 2022 via mshelpers.memory_activations.activation_bytes_per_layer; a MoE layer stores its
             expert inputs and activations, one per slot), 1F1B in-flight micro-batches (interleaved: Narayanan et al.
             2021's (1 + (p - 1)/(p v)) factor), logits on the last stage.
@@ -575,25 +576,16 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
 
 
 def _stage_states(lay: Any, dense: float, expert: float, first_layer: float, replicas: int, accum: bool) -> tuple:
-    """(params, grads, states, the separate accumulation buffer in grads) of a device holding dense + expert."""
+    """(params, grads, states, the separate accumulation buffer in grads): memory_states.sharded_state_bytes."""
+    if "." in __package__:
+        from .. import memory_states as S
+    else:  # the doctor/ folder copied beside its siblings as plain files
+        import memory_states as S
     gb = lay.param_bytes if lay.grad_bytes is None else lay.grad_bytes
-    kind, po = lay.optimizer_shard, lay.parallel_optimizer        # po: any sharding, over more than one rank
-    fsdp, whole = kind == "fsdp" and lay.shard_ranks > 1, dense + expert
-    sliced = dense / lay.shard_ranks + expert / replicas if po else whole
-    in_place = accum and not lay.accum_buffer      # MindSpore's accu_grads: the buffer is the gradients' one copy
-    params = lay.param_bytes * (sliced if kind in ("po", "fsdp") else whole)   # ZeRO-1/2 keep the weights whole
-    # gradients: whole, unless sliced: FSDP, ZeRO-2; MindSpore's parallel optimizer without in-place accumulation
-    # reduce-scatters each gradient as the backward makes it and keeps its slice (one layer's whole grads alive)
-    grads = gb * (sliced if fsdp or po and kind == "zero2" else
-                  sliced + first_layer if po and kind == "po" and not in_place else whole)
-    # accumulating in place (pipeline micro-batches or gradient accumulation): MindSpore adds each micro-batch's
-    # gradients into accu_grads as the backward produces them: the one copy (sliced with gradient_accumulation_shard)
-    if in_place and lay.shard_accum and po:
-        grads = grads / lay.shard_ranks
-    # a loop with its own buffer (Layout.accum_buffer) keeps a second copy, sliced as the gradients are
-    buffer = (accum and lay.accum_buffer) * gb * (sliced if fsdp or po and (kind == "zero2" or lay.shard_accum)
-                                                  else whole)
-    return params, grads + buffer, lay.state_bytes * sliced, buffer
+    return S.sharded_state_bytes(dense, expert, ranks=lay.shard_ranks, expert_ranks=replicas,
+                                 sharding=lay.optimizer_shard, bytes_per_param=(lay.param_bytes, gb, lay.state_bytes),
+                                 accumulating=accum, accum_buffer=lay.accum_buffer, shard_accum=lay.shard_accum,
+                                 layer_params=first_layer)
 
 
 def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
