@@ -224,3 +224,46 @@ def test_a_pipeline_stage_by_hand():
     assert last["activations"] == math.ceil(2 * kept + working + 4 * s * b * 1024 / 2 * 2)
     mem = D.memory_per_stage(preset_config(c, 1, 2, 2, 4, "none", False, False))
     assert [parts(first), parts(last)] == [doctor_side(mem, 0), doctor_side(mem, 1)]
+
+
+# ---------------------------------------------------------------- the GPT-style switches, the counts and the states rule
+SWITCHES = [{}, {"mlp": "gelu"}, {"tie_word_embeddings": True}, {"bias": True}, {"norm": "layer"},
+            {"mlp": "gelu", "tie_word_embeddings": True, "bias": True, "norm": "layer"}, {"num_kv_heads": 2}]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_the_switches_cost_the_same_on_both_sides_and_the_two_counts_agree(name):
+    """memory_states.transformer_param_count (the count a user copies alone) and the doctor's param_count (what the
+    model is priced with) are two counters of one structure: held equal here, for every switch."""
+    cfg = RunConfig.preset(name)
+    for sw in SWITCHES:
+        gpt = sw.get("mlp") == "gelu"
+        kv = sw.get("num_kv_heads", cfg.num_heads)
+        model = dataclasses.replace(
+            preset_config(cfg, 1, 1, 1, 1, "none", False, False).model, kv_heads=kv,
+            attention="gqa" if kv < cfg.num_heads else "mha", tied=sw.get("tie_word_embeddings", False),
+            block="gpt" if gpt else "llama", mlp=sw.get("mlp", "swiglu"), norm=sw.get("norm", "rms"),
+            bias=sw.get("bias", False))
+        assert D.param_count(model) == memory.transformer_param_count(cfg, **sw), sw
+        for lay in (SimpleNamespace(dp=2, mp=1, pp=1, micro_batches=1), SimpleNamespace(dp=1, mp=2, pp=2, micro_batches=4)):
+            c = preset_config(cfg, lay.dp, lay.mp, lay.pp, lay.micro_batches, "zero1", False, False)
+            mem = D.memory_per_stage(dataclasses.replace(c, model=model))
+            assert parts(memory.estimate(cfg, layout=lay, zero_stage=1, **sw)) == doctor_side(mem), (sw, lay)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_model_state_breakdown_is_the_estimates_states_on_one_stage(name):
+    """The ZeRO paper's per-parameter formula (model_state_breakdown, notebook 06) and the estimate's states share
+    memory_states.sharded_state_bytes: on one stage (tp = pp = 1) they agree for every ZeRO stage."""
+    cfg = RunConfig.preset(name)
+    n = memory.llama_param_count(cfg)
+    for zero, dp in itertools.product(range(4), (1, 2, 8)):
+        if cfg.batch_size % dp:
+            continue
+        e = memory.estimate(cfg, n_devices=dp, zero_stage=zero)
+        want = memory.model_state_breakdown(n, zero_stage=zero, dp=dp, accounting=(
+            "mixed" if cfg.compute_dtype != "float32" else "fp32"))
+        # whole bytes: the breakdown rounds a shard up, the doctor down; they differ only where dp does not divide
+        assert all(abs(e[k] - want[k]) <= 1 for k in want), (zero, dp, e, want)
+        if n * 16 % dp == 0:
+            assert {k: e[k] for k in want} == want, (zero, dp)
