@@ -29,7 +29,11 @@ can be copied alone: memory_states.py (parameter counts, ZeRO model states, the 
 memory_activations.py (Korthikanti's activations per layer, the logits) and memory_fit.py (`calibrate`). Their
 names are importable from here too (`from mshelpers.memory import activation_bytes_per_layer`). This module
 imports them, and the doctor/ folder, inside its functions: copied alone it imports; `estimate`, `estimate_stage`,
-`fits` and `max_batch_for_budget` need memory_states.py, memory_activations.py and doctor/ beside it.
+`doctor_config`, `fits` and `max_batch_for_budget` need memory_states.py, memory_activations.py and doctor/ beside it.
+Where this CPU and an Ascend run differ, the difference is an input of the one model, not a second formula: the
+bytes per parameter (`accounting`: fp32 Adam here, mixed precision there), the activation width (compute_dtype),
+and whether accumulation keeps a buffer of its own (`grad_accum_buffer`: the cookbook's loop does, mindformers' does
+not).
 
 Sources: those of memory_states.py and memory_activations.py, and Narayanan et al. 2021, "Efficient Large-Scale
 Language Model Training on GPU Clusters Using Megatron-LM" (1F1B keeps at most p - i micro-batches in flight on

@@ -137,9 +137,11 @@ def model_state_breakdown(n_params: int, *, zero_stage: int = 0, dp: int = 1,
     gradients, stage 3 also the parameters (so mixed Adam gives 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N).
     `parallel_optimizer=True` is MindSpore's optimizer parallel ("enable_parallel_optimizer"
     in mindformers' `parallel` section): the weights and the optimizer states are stored as
-    1/dp slices and each rank updates its slice; gradients stay whole (they are reduce-scattered
-    only at the update). Its parallel_optimizer_threshold (small tensors stay whole) is ignored:
-    for LLaMA only the norm weights fall under it. A shard is rounded up to whole bytes.
+    1/dp slices and each rank updates its slice; gradients stay whole, as in a run that
+    accumulates them in place (without accumulation the graph slices them as they are produced:
+    `sharded_state_bytes`, the rule this sums, and `memory.estimate`). Its
+    parallel_optimizer_threshold (small tensors stay whole) is ignored: for LLaMA only the norm
+    weights fall under it. A shard is rounded up to whole bytes.
 
         >>> model_state_breakdown(1000, dp=4, accounting="fp32_states", parallel_optimizer=True)
         {'params': 500, 'grads': 2000, 'optimizer_states': 2000}
