@@ -1,9 +1,10 @@
-"""mshelpers.memory: formulas on hand-worked cases, the estimator's bookkeeping and errors; then the terms the
-doctor prices every layer with and mindformers' published YAMLs."""
+"""mshelpers.memory: the estimator (the doctor's memory model for a config) on hand-worked cases, its bookkeeping and
+errors, one pipeline stage, the budget helpers, and mindformers' published YAMLs. The formulas' own tests:
+test_memory_states.py, test_memory_activations.py, test_memory_fit.py; both sides of the one model:
+test_memory_one_model.py."""
 from __future__ import annotations
 
 import copy
-from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,85 +17,11 @@ from mshelpers import memory
 from mshelpers.config import RunConfig
 from mshelpers.memory import (activation_bytes_per_layer, calibrate, estimate, estimate_from_mindformers_yaml,
                               estimate_stage, fits, llama_param_count, max_batch_for_budget,
-                              model_state_breakdown, model_state_bytes, output_activation_bytes)
+                              model_state_bytes, output_activation_bytes)
 
 MINI = RunConfig.preset("mini")
-
-
-# ---------------------------------------------------------------- parameter count
-def test_param_count_presets():
-    assert llama_param_count(MINI) == 3_688_704
-    # tiny: 2·256·64 + 2·(4·64² + 3·64·172 + 2·64) + 64
-    assert llama_param_count(RunConfig.preset("tiny")) == 32_768 + 2 * (16_384 + 33_024 + 128) + 64
-    # LLaMA-2 7B as released: 6,738,415,616 parameters
-    assert llama_param_count(RunConfig.preset("llama2-7b")) == 6_738_415_616
-
-
-# ---------------------------------------------------------------- model states
-@pytest.mark.parametrize("stage,expected", [
-    (0, 16_000),                 # 16Ψ
-    (1, 4_000 + 12_000 // 4),    # 4Ψ + 12Ψ/N
-    (2, 2_000 + 14_000 // 4),    # 2Ψ + 14Ψ/N
-    (3, 16_000 // 4),            # 16Ψ/N
-])
-def test_zero_stages_mixed_adam(stage, expected):
-    assert model_state_bytes(1000, zero_stage=stage, dp=4) == expected
-
-
-def test_zero_shards_in_order_optimizer_then_grads_then_params():
-    assert model_state_breakdown(1000, zero_stage=1, dp=4) == {"params": 2000, "grads": 2000, "optimizer_states": 3000}
-    assert model_state_breakdown(1000, zero_stage=2, dp=4) == {"params": 2000, "grads": 500, "optimizer_states": 3000}
-    assert model_state_breakdown(1000, zero_stage=3, dp=4) == {"params": 500, "grads": 500, "optimizer_states": 3000}
-
-
-def test_other_accountings():
-    assert model_state_bytes(1000, accounting="fp32") == 16_000
-    assert model_state_breakdown(1000, accounting="fp32", zero_stage=1, dp=4)["optimizer_states"] == 2000
-    assert model_state_bytes(1000, accounting="fp32_grads") == 18_000
-    # Megatron's distributed optimizer: 6 + 12/dp bytes per parameter
-    assert model_state_bytes(1000, accounting="fp32_grads", zero_stage=1, dp=4) == 6000 + 3000
-
-
-def test_seven_b_is_112_gb_and_dp_one_means_no_sharding():
-    assert model_state_bytes(7 * 10**9) == 112 * 10**9
-    assert model_state_bytes(1000, zero_stage=3, dp=1) == model_state_bytes(1000)
-
-
-def test_shards_round_up_to_whole_bytes():
-    # Ψ=10 over 3 ranks: ceil(20/3)=7, ceil(20/3)=7, ceil(120/3)=40
-    assert model_state_bytes(10, zero_stage=3, dp=3) == 54
-
-
-# ---------------------------------------------------------------- activations
 S, B, H, A = 128, 8, 256, 4
-SBH = S * B * H            # 262,144; 5·a·s/h = 10
-
-
-@pytest.mark.parametrize("kw,expected", [
-    ({}, SBH * 44),                                                   # sbh(34 + 5as/h)
-    ({"recompute": "selective"}, SBH * 34),                           # drops 5as/h
-    ({"recompute": "full"}, SBH * 2),                                 # layer input only
-    ({"tp": 2}, SBH * (10 + 12 + 5)),                                 # sbh(10 + 24/t + 5as/(ht))
-    ({"tp": 2, "recompute": "selective"}, SBH * 22),
-    ({"tp": 2, "sequence_parallel": True}, SBH * 44 // 2),            # sbh(34 + 5as/h)/t
-    ({"tp": 2, "sequence_parallel": True, "recompute": "selective"}, SBH * 34 // 2),
-    ({"tp": 2, "sequence_parallel": True, "recompute": "full"}, SBH),
-    ({"bytes_per_value": 4}, SBH * 88),                               # fp32 doubles everything
-])
-def test_activation_cases(kw, expected):
-    assert activation_bytes_per_layer(S, B, H, A, **kw) == expected
-
-
-def test_activations_are_linear_in_batch_and_quadratic_term_in_seq():
-    one = activation_bytes_per_layer(S, 1, H, A)
-    assert activation_bytes_per_layer(S, 8, H, A) == 8 * one
-    # doubling s doubles the 34 term and quadruples the attention term
-    assert activation_bytes_per_layer(2 * S, 1, H, A) == 2 * S * H * 34 + 4 * S * H * 10
-
-
-def test_output_activations():
-    assert output_activation_bytes(128, 8, 1024) == 4 * 128 * 8 * 1024
-    assert output_activation_bytes(128, 8, 1024, tp=2, bytes_per_value=4) == 4 * 128 * 8 * 1024
+SBH = S * B * H            # one 16-bit activation of the layer's width, per layer (Korthikanti et al. 2022)
 
 
 # ---------------------------------------------------------------- estimate
@@ -244,35 +171,9 @@ def test_bad_input_raises_one_clear_value_error(call, field):
     assert field in msg and "fix" in msg.lower() or "RunConfig." in msg and field in msg
 
 
-def test_full_recompute_keeps_the_whole_layer_input_unless_sequence_parallel_splits_it_and_fp8_is_a_width():
-    # full recompute keeps only the layer input, 2·s·b·h bytes = 2 * 128 * 8 * 256; tensor parallelism alone does
-    # not split it (each tp rank holds the whole input), sequence parallelism does (/t)
-    assert activation_bytes_per_layer(128, 8, 256, 4, tp=2, recompute="full") == 2 * 128 * 8 * 256
-    assert activation_bytes_per_layer(128, 8, 256, 4, tp=2, recompute="full", sequence_parallel=True) == 128 * 8 * 256
-    # 1-byte activations (fp8) are a width like any other: half of the 2-byte count, 128*8*256*(34+10)/2
-    assert activation_bytes_per_layer(128, 8, 256, 4, bytes_per_value=1) == 128 * 8 * 256 * 44 // 2
-
-
-def test_a_fractional_count_is_told_that_a_count_has_no_fraction():
-    def msg(v):
-        with pytest.raises(ValueError) as err:
-            activation_bytes_per_layer(v, 1, 8, 2)
-        return str(err.value)
-    head = "activation_bytes_per_layer: seq_len={} is invalid; fix: pass a positive integer"
-    assert msg(8.5) == head.format("8.5") + " (a count has no fraction)"
-    # not said where the value is no finite number or no float at all
-    assert msg(float("nan")) == head.format("nan")
-    assert msg(float("inf")) == head.format("inf")
-    assert msg("8") == head.format("'8'")
-
-
 def test_doctests():
     tries, failures = module_doctests(memory)
     assert tries > 10 and failures == 0
-    from mshelpers import memory_activations, memory_fit, memory_states
-    for mod in (memory_states, memory_activations, memory_fit):
-        tries, failures = module_doctests(mod)
-        assert tries >= 2 and failures == 0, mod.__name__
 
 
 # ---------------------------------------------------------------- exact values (mutation survivors)
@@ -281,17 +182,6 @@ def test_human_bytes_at_every_unit_and_edge():
              1536 * 1024: "1.50 MiB", 3 * 2**29: "1.50 GiB", 2**40: "1.00 TiB", 2**50: "1024.00 TiB",
              -2048: "-2.00 KiB", 2.5 * 2**40: "2.50 TiB"}
     assert {n: memory.human_bytes(n) for n in cases} == cases
-
-
-def test_model_state_bytes_defaults_and_the_parallel_optimizer():
-    assert memory.model_state_bytes(1000) == 16_000
-    assert memory.model_state_bytes(1000, dp=4) == 16_000                 # no ZeRO by default: nothing sliced
-    assert memory.model_state_breakdown(1000, dp=4) == {"params": 2000, "grads": 2000, "optimizer_states": 12000}
-    assert memory.model_state_bytes(1000, zero_stage=1) == 16_000          # dp 1 by default: nothing to slice over
-    assert memory.model_state_bytes(1000, zero_stage=1, dp=4) == sum(
-        memory.model_state_breakdown(1000, zero_stage=1, dp=4).values()) < 16_000
-    po = memory.model_state_bytes(1000, dp=4, parallel_optimizer=True)
-    assert po == sum(memory.model_state_breakdown(1000, dp=4, parallel_optimizer=True).values()) < 16_000
 
 
 @pytest.mark.parametrize("fn", ["fits", "max_batch_for_budget"])
@@ -337,51 +227,6 @@ def test_max_batch_for_budget_matches_a_linear_scan_and_respects_the_unit_and_li
         max_batch_for_budget(mini, 2**30, zero_stage=7)
 
 
-def test_calibrate_exact_fits_and_every_refusal():
-    def es(acts, buf=None):
-        out = []
-        for a in acts:
-            e = {"activations": a, "params": 10, "grads": 10, "optimizer_states": 20}
-            if buf is not None:
-                e["grad_accum_buffer"] = buf
-            out.append(e)
-        return out
-    acts = (100, 200, 400)
-    # an accumulation buffer is counted in grads (estimate's grad_accum_buffer says how much of them): not twice
-    assert calibrate(es(acts, 50), [40 + 100 + 2 * a for a in acts]) == \
-        {"activation_scale": 2.0, "overhead_bytes": 100.0}
-    assert calibrate(es(acts), [40 + 100 + 2 * a for a in acts]) == {"activation_scale": 2.0, "overhead_bytes": 100.0}
-    r = calibrate(es(acts), [40 + 100.4 + a / 3 for a in acts])
-    assert r == {"activation_scale": 0.3333, "overhead_bytes": 100.0}             # 4 digits; whole bytes
-    assert calibrate(es(acts), [40 + 0.5 * a for a in acts])["activation_scale"] == 0.5      # below 1 is valid
-    assert calibrate(es(acts), [40 - 30 + 2 * a for a in acts])["overhead_bytes"] == 0.0    # a negative intercept
-    assert calibrate(es(acts[:1]), [40 + 7 + 3 * 100], overhead_bytes=7) == {"activation_scale": 3.0,
-                                                                             "overhead_bytes": 7}
-    assert calibrate(es(acts[:1]), [40 + 100 / 3], overhead_bytes=0)["activation_scale"] == 0.3333
-    assert calibrate(es(acts[:1]), [40 + 0.5 + 50], overhead_bytes=0.5)["activation_scale"] == 0.5
-
-    def msg(*a, **kw):
-        with pytest.raises(ValueError) as err:
-            calibrate(*a, **kw)
-        return str(err.value)
-    assert msg(es(acts[:1]), [1.0]) == ("calibrate: got 1 estimates and 1 measurements; fix: pass two equally long "
-                                        "lists with at least 2 run(s) of different sizes, or pass overhead_bytes")
-    assert msg([], [], overhead_bytes=0) == ("calibrate: got 0 estimates and 0 measurements; fix: pass two equally "
-                                             "long lists with at least 1 run(s)")
-    for bad in (-1, True, "5", None.__class__):
-        assert msg(es(acts[:1]), [500.0], overhead_bytes=bad) == \
-            f"calibrate: overhead_bytes={bad!r} is invalid; fix: pass a number >= 0"
-    assert msg(es(acts[:1]), [40 + 7], overhead_bytes=7) == (
-        "calibrate: the runs sit below overhead_bytes=7; "
-        "fix: pass the overhead fitted on the same kind of runs (same mode and device)")
-    assert msg(es((100, 100)), [500.0, 600.0]) == (
-        "calibrate: all runs have the same activation estimate; "
-        "fix: measure at least two different batch sizes or sequence lengths")
-    assert msg(es(acts), [140.0, 140.0, 140.0]) == (
-        "calibrate: measured peaks do not grow with the activations (slope=0); "
-        "fix: measure over a wider range of batch sizes, each in a fresh process")
-
-
 def test_a_budget_must_be_a_positive_finite_number():
     mini = RunConfig.preset("mini")
     assert memory.fits(mini, 0.5) is False                         # tiny, but a budget
@@ -423,12 +268,6 @@ def test_layout_and_device_degrees_and_their_refusals():
     assert estimate(mini, layout=lay(pp=4))["layers"] == 1                 # pp = num_layers is allowed
     for pp in (3, 8):
         assert msg(layout=lay(pp=pp)) == f"estimate: pp={pp} must divide num_layers=4; fix: pick a divisor"
-
-
-def test_llama_param_count_names_itself_in_its_refusal():
-    with pytest.raises(ValueError) as err:
-        llama_param_count({"hidden_size": 64})
-    assert str(err.value).startswith("llama_param_count: cfg lacks ")
 
 
 # ---------------------------------------------------------------- every refusal, by its exact line
@@ -523,11 +362,6 @@ def test_each_refusal_is_its_exact_line(fn, args, kw, line):
     assert str(err.value) == line
 
 
-def test_an_accounting_tuple_may_hold_zero_bytes():
-    # weights only (no gradients, no optimizer: a frozen model): 2 bytes a parameter
-    assert model_state_breakdown(1000, accounting=(2, 0, 0)) == {"params": 2000, "grads": 0, "optimizer_states": 0}
-
-
 def test_estimate_stage_edges_its_defaults_and_sums_leave_out():
     c = {**_CFG, "num_layers": 4}
     # ZeRO is off by default: over dp = 2 the optimizer states stay whole
@@ -577,13 +411,6 @@ def test_estimate_stage_defaults_and_what_each_switch_changes():
     e = memory.estimate_stage(odd, layout=SimpleNamespace(dp=3, mp=2, pp=1, micro_batches=1), parallel_optimizer=True,
                               shard_grad_accum=True)
     assert all(type(v) is int for k, v in e.items() if k != "per_stage_totals"), e
-
-
-def test_activation_sequence_parallel_divides_by_tp_only_when_on():
-    off = memory.activation_bytes_per_layer(128, 8, 256, 4, tp=2)
-    on = memory.activation_bytes_per_layer(128, 8, 256, 4, tp=2, sequence_parallel=True)
-    assert on < off and memory.activation_bytes_per_layer(128, 8, 256, 4, tp=1, sequence_parallel=True) == \
-        memory.activation_bytes_per_layer(128, 8, 256, 4)
 
 
 def test_estimate_reads_every_field_and_passes_every_switch():
@@ -667,88 +494,13 @@ CFG_70B = DATA / "pretrain_llama2_70b_bf16_32p.yaml"
 GIB = 2**30
 
 
-
 def load(path: Path) -> dict:
     with open(path) as f:
         return yaml.safe_load(f)
 
 
 # ---------------------------------------------------------------- activation terms
-@pytest.mark.parametrize("kw,per_sbh", [
-    # flash attention: the 5as/h term (10 here) is gone, 34 is left
-    ({"flash_attention": True}, 34),
-    # with tp=2: 10 unsplit + 24/2, no attention term
-    ({"flash_attention": True, "tp": 2}, 22),
-    # tp=4 + sequence parallel: 34/4
-    ({"flash_attention": True, "tp": 4, "sequence_parallel": True}, Fraction(34, 4)),
-    # flash makes Korthikanti's selective recompute a no-op: it drops only the s² term
-    ({"flash_attention": True, "recompute": "selective"}, 34),
-    # GQA, 1 KV head of 4 (g = 1/4): K and V 2+2 -> 0.5+0.5, so 34 - 3 = 31, plus 10
-    ({"num_kv_heads": 1}, 41),
-    # GQA with tp=2: 10 + (2 + 0.5 + 0.5 + 2 + 16 + 10)/2 = 10 + 15.5
-    ({"num_kv_heads": 1, "tp": 2}, Fraction(51, 2)),
-    # GQA changes nothing under full recompute: only the layer input 2 is kept
-    ({"num_kv_heads": 1, "recompute": "full"}, 2),
-    # a GeLU MLP of width 2h instead of 4h: 4r = 8 instead of 16
-    ({"ffn_hidden_size": 2 * H}, 36),
-])
-def test_new_activation_terms_by_hand(kw, per_sbh):
-    assert activation_bytes_per_layer(S, B, H, A, **kw) == SBH * per_sbh
-
-
-def test_llama_block_by_hand():
-    # r = f/h = 688/256 = 2.6875. llama: 8 unsplit (two RMSNorm inputs 4, QKV input 2, MLP input 2)
-    # + Q 2 + K 2 + V 2 + out-proj input 2 + SwiGLU 8r (w1 out, w3 out, SiLU out, product) = 37.5 with flash
-    kw = dict(arch="llama", ffn_hidden_size=688, flash_attention=True)
-    assert activation_bytes_per_layer(S, B, H, A, **kw) == SBH * 37.5
-    # mindformers' default select_recompute (SiLU and Mul) drops 4r = 10.75
-    assert activation_bytes_per_layer(S, B, H, A, recompute="selective", **kw) == SBH * 26.75
-    # GQA with 2 KV heads of 4: K and V 2 + 2 -> 1 + 1
-    assert activation_bytes_per_layer(S, B, H, A, num_kv_heads=2, **kw) == SBH * 35.5
-    # without flash the s² term comes back: + 5as/h = 10
-    assert activation_bytes_per_layer(S, B, H, A, arch="llama", ffn_hidden_size=688) == SBH * 47.5
-    # tp=2 with sequence parallel: everything /2
-    assert activation_bytes_per_layer(S, B, H, A, tp=2, sequence_parallel=True, **kw) == SBH * 37.5 / 2
-    # fp32 activations double it
-    assert activation_bytes_per_layer(S, B, H, A, bytes_per_value=4, **kw) == SBH * 75
-
-
-def test_new_activation_arguments_reject_bad_values():
-    with pytest.raises(ValueError, match="num_kv_heads=3"):
-        activation_bytes_per_layer(S, B, H, A, num_kv_heads=3)
-    with pytest.raises(ValueError, match="arch='t5'"):
-        activation_bytes_per_layer(S, B, H, A, arch="t5")
-    with pytest.raises(ValueError, match="ffn_hidden_size=None"):
-        activation_bytes_per_layer(S, B, H, A, arch="llama")
-
-
 # ---------------------------------------------------------------- model-state terms
-def test_fp32_states_accounting_is_12_bytes_per_param():
-    # FP32StateAdamWeightDecay: 2 (16-bit weights) + 2 (16-bit grads) + 4 + 4 (fp32 m, v), no master copy
-    assert model_state_breakdown(1000, accounting="fp32_states") == {
-        "params": 2000, "grads": 2000, "optimizer_states": 8000}
-    assert model_state_bytes(1000, accounting=(2, 2, 4)) == 8000      # 16-bit states, as a tuple
-    with pytest.raises(ValueError, match="accounting"):
-        model_state_bytes(1000, accounting=(2, 2))
-
-
-def test_parallel_optimizer_slices_weights_and_states_over_dp_not_grads():
-    e = model_state_breakdown(1000, dp=4, accounting="fp32_states", parallel_optimizer=True)
-    assert e == {"params": 2000 // 4, "grads": 2000, "optimizer_states": 8000 // 4}
-    # the states alone are ZeRO-1's; the weights are sliced too
-    z1 = model_state_breakdown(1000, dp=4, zero_stage=1, accounting="fp32_states")
-    assert e["optimizer_states"] == z1["optimizer_states"] and e["params"] * 4 == z1["params"]
-    # dp=1: nothing to slice
-    assert model_state_breakdown(1000, accounting="fp32_states", parallel_optimizer=True)["params"] == 2000
-
-
-def test_param_count_with_grouped_query_attention():
-    cfg = SimpleNamespace(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=1, ffn_hidden_size=688,
-                          vocab_size=1024)
-    # k and v shrink from h·h to h·(1·64) each: 2·(256·256 - 256·64) = 98,304 fewer per layer
-    assert llama_param_count(cfg) == 3_688_704 - 4 * 98_304
-
-
 # ---------------------------------------------------------------- one stage
 MINI_FLASH = dict(flash_attention=True, layout=SimpleNamespace(dp=1, mp=1, pp=2, micro_batches=1))   # (stage 0: no logits)
 
@@ -824,7 +576,6 @@ def test_estimate_passes_the_new_terms_through():
     assert estimate(MINI.replace(grad_accum=2))["grad_accum_buffer"] == base["grads"]
     sel = estimate(MINI, select_recompute_layers=2)
     assert sel["select_recompute_layers"] == 2 and sel["total"] < estimate(MINI)["total"]
-
 
 
 # ---------------------------------------------------------------- the published configs, priced by the doctor
