@@ -222,9 +222,9 @@ def pipeline_activation_bytes(stage_bytes_per_micro_batch: float, pp: int, micro
     """Activation bytes a pipeline stage holds at its peak: in-flight micro-batches × one micro-batch's stage bytes.
 
     `stage_bytes_per_micro_batch` is what one micro-batch leaves on one stage for backward:
-    layers per stage × `mshelpers.memory.activation_bytes_per_layer(...)` (Korthikanti et al.
+    layers per stage × `mshelpers.memory_activations.activation_bytes_per_layer(...)` (Korthikanti et al.
     2022; `stage_activation_bytes` computes it for a RunConfig and planned layout). The first stage
-    (stage=0) holds the most. `mshelpers.memory.estimate` assumes 1F1B's min(p, m).
+    (stage=0) holds the most. `mshelpers.memory.estimate` (the doctor's memory_per_stage) assumes 1F1B's min(p - i, m).
 
         >>> pipeline_activation_bytes(100, 4, 8, "gpipe"), pipeline_activation_bytes(100, 4, 8, "1f1b")
         (800, 400)

@@ -22,7 +22,7 @@ report and logs use all of them; the CLI uses report and logs):
   profiles.py     Ascend profiles, each figure with its source; "cpu" is this machine
   topology.py     ranks placed on nodes in mindformers' order per dialect; the span and links of each group
   cost.py         FLOPs, parameters, the step decomposed on the links each group crosses, memory per stage
-                  (never sees a YAML)
+                  (never sees a YAML; the one memory model: mshelpers.memory.estimate prices a RunConfig by it)
   adapt.py        for parallel.py: a RunConfig's Config built directly, a file's Layout on other degrees (replace),
                   and the prices in the planner's terms (bytes per group, stage activations)
   search.py       layouts under the budget, ranked; the smallest scale at which a config that cannot fit does
@@ -34,8 +34,8 @@ report and logs use all of them; the CLI uses report and logs):
   yamledit.py     the improved YAML as the user's text with only the changed keys edited (comments, anchors kept)
   cpu_check.py    the cost model checked on this CPU against the mini LLaMA (notebook 12)
   cli.py          the command line
-Copy the whole `doctor/` folder (with `memory.py` and `pipeline.py` beside it for memory, `peak.py` for the cpu
-profile).
+Copy the whole `doctor/` folder (with `memory_activations.py`, `memory_states.py` and `pipeline.py` beside it for
+memory, `peak.py` for the cpu profile).
 
 What the model leaves out: workspace and fragmentation in the memory pool (the reserve is HCCL's buffers only),
 kernel efficiency that varies with shape beyond the expert GEMMs' roofline (small TP shards), TP communication fused

@@ -14,8 +14,9 @@
             (dispatch + combine, forward and backward, over EP ranks), context parallel (ring: K/V passed
             cp - 1 times; Ulysses: 4 all-to-alls of q, k, v, o), pipeline sends (x VPP chunks), the 1F1B
             bubble (/ VPP), the exposed DP reduction (or FSDP gathers), the optimizer update.
-  memory    per stage: params, grads and optimizer states (experts sharded over max(ep, tp)), activations
-            (Korthikanti et al. 2022 via mshelpers.memory.activation_bytes_per_layer; a MoE layer stores its
+  memory    per stage: params, grads and optimizer states (mshelpers.memory_states.sharded_state_bytes; experts
+            sharded over max(ep, tp)), activations
+            (Korthikanti et al. 2022 via mshelpers.memory_activations.activation_bytes_per_layer; a MoE layer stores its
             expert inputs and activations, one per slot), 1F1B in-flight micro-batches (interleaved: Narayanan et al.
             2021's (1 + (p - 1)/(p v)) factor), logits on the last stage.
 """
@@ -40,14 +41,15 @@ def attention_params(m: Model) -> int:
             m.kv_lora_rank * m.heads * (m.qk_nope_dim + m.v_head_dim)
         return q + kv + m.v_width * h
     q, kvw = m.heads * m.head_dim, m.kv_heads * m.head_dim
-    return h * q + 2 * h * kvw + q * h + ((q + 2 * kvw) if m.qkv_bias else 0)
+    return h * q + 2 * h * kvw + q * h + ((q + 2 * kvw) if m.qkv_bias or m.bias else 0) + (h if m.bias else 0)
 
 
 def ffn_params(m: Model, i: int, active: bool = False) -> int:
     """FFN parameters of layer i (dense SwiGLU, or router + routed experts + shared experts)."""
     h = m.hidden
     if m.moe is None or not m.moe.is_moe_layer(i):
-        return 3 * h * m.ffn
+        mats = 2 if m.mlp == "gelu" else 3          # fc1, fc2 or w1, w2, w3 (and their biases: (mats - 1) x ffn + h)
+        return mats * h * m.ffn + (((mats - 1) * m.ffn + h) if m.bias else 0)
     e = m.moe
     routed = e.top_k if active else e.routed
     return h * e.routed + routed * 3 * h * e.expert_ffn + 3 * h * e.shared_ffn
@@ -60,16 +62,20 @@ def expert_params(m: Model, i: int) -> int:
     return m.moe.routed * 3 * m.hidden * m.moe.expert_ffn
 
 
+def norm_params(m: Model) -> int:
+    return 2 * m.hidden if m.norm == "layer" else m.hidden      # RMSNorm: h weights; LayerNorm: + h biases
+
+
 def layer_params(m: Model, i: int, active: bool = False) -> int:
-    return attention_params(m) + ffn_params(m, i, active) + 2 * m.hidden
+    return attention_params(m) + ffn_params(m, i, active) + 2 * norm_params(m)
 
 
 def param_count(cfg_or_model: Any, active: bool = False) -> int:
     """Whole-model parameters (active=True: with top_k of the routed experts): embedding, lm_head (unless
     tied), layers, final norm. MTP modules are not counted (see `mtp_params`)."""
     m = cfg_or_model.model if isinstance(cfg_or_model, Config) else cfg_or_model
-    emb = m.vocab * m.hidden * (1 if m.tied else 2)
-    return emb + sum(layer_params(m, i, active) for i in range(m.layers)) + m.hidden
+    emb = m.vocab * m.hidden * (1 if m.tied else 2) + m.positions * m.hidden + m.extra_params
+    return emb + sum(layer_params(m, i, active) for i in range(m.layers)) + norm_params(m)
 
 
 def mtp_params(m: Model) -> int:
@@ -178,9 +184,9 @@ def _stage_params(m: Model, lay: Any, i: int) -> tuple[float, float]:
     dense = sum(layer_params(m, j) for j in ids) - expert
     dense = dense / lay.tp
     if i == 0:
-        dense += m.vocab * m.hidden / (1 if lay.vocab_emb_dp else lay.tp)
+        dense += m.vocab * m.hidden / (1 if lay.vocab_emb_dp else lay.tp) + m.positions * m.hidden + m.extra_params
     if i == lay.pp - 1:
-        dense += (0 if m.tied and lay.pp == 1 else m.vocab * m.hidden / lay.tp) + m.hidden
+        dense += (0 if m.tied and lay.pp == 1 else m.vocab * m.hidden / lay.tp) + norm_params(m)
         if m.mtp:
             mtp_expert = m.mtp * expert_params(m, m.layers - 1)
             expert += mtp_expert
@@ -540,42 +546,24 @@ def with_reserve(cfg: Config, hw: Any) -> Config:
 
 
 def memory_per_stage(cfg: Config) -> dict[str, Any]:
-    """Peak bytes per device of each pipeline stage, against the budget, with the largest stage's breakdown
-    (params, grads, optimizer_states, activations; an accumulation buffer is counted in grads)."""
-    m, lay = cfg.model, cfg.layout
-    ids = stage_layer_ids(cfg)
-    pb = lay.param_bytes
+    """Peak bytes per device of each pipeline stage against the budget, and the largest stage's breakdown (params,
+    grads (with any accumulation buffer, also given as grad_accum_buffer_bytes), optimizer_states, activations): the
+    one memory model (mshelpers.memory.estimate prices a RunConfig by it). Layout.optimizer_shard slices over dp x cp
+    (experts over their replicas): "po" params and states, "zero1" states, "zero2" states and grads, "fsdp" all."""
+    m, lay, ids = cfg.model, cfg.layout, stage_layer_ids(cfg)
     accum = lay.grad_accum > 1 or (lay.pp > 1 and lay.micro > 1)
-    # an expert shard's replicas: every data- and context-parallel rank holds the same experts (topology's EDP
-    # group), so the parallel optimizer shards their states over all of them
+    # an expert shard's replicas (topology's EDP group): the parallel optimizer shards their states over all of them
     replicas_expert = max(1, lay.dp * lay.cp * lay.tp // expert_shard(cfg))
-    totals, parts = [], []
+    totals, parts, buffers = [], [], []
     for i in range(lay.pp):
         dense, expert = stage_params(cfg, i)
-        po = lay.parallel_optimizer
-        fsdp = lay.optimizer_shard == "fsdp" and lay.shard_ranks > 1
-        dshard, eshard = (lay.shard_ranks, replicas_expert) if po else (1, 1)
-        params = pb * (dense / dshard + expert / eshard) if (po or fsdp) else pb * (dense + expert)
-        # gradients: whole, unless sharded over dp: FSDP; or MindSpore's parallel optimizer without
-        # accumulation, whose graph reduce-scatters each gradient as the backward produces it and keeps its
-        # slice (one layer's whole gradients are alive at a time)
-        if fsdp or (po and not accum):
-            grads = pb * (dense / lay.shard_ranks + expert / replicas_expert)
-            if not fsdp and ids[i]:
-                grads += pb * layer_params(m, ids[i][0]) / lay.tp
-        else:
-            grads = pb * (dense + expert)
-        states = lay.state_bytes * (dense / dshard + expert / eshard)
-        # accumulating (pipeline micro-batches or gradient accumulation): MindSpore adds each micro-batch's
-        # gradients into the accu_grads buffer as the backward produces them, so the buffer is the one
-        # gradient-sized copy (counted as grads; sliced over dp with gradient_accumulation_shard)
-        if accum and lay.shard_accum and po:
-            grads = grads / lay.shard_ranks
-        activations = stage_activations(cfg, i)["bytes"]
-        total = params + grads + states + activations
-        totals.append(int(total))
-        parts.append({"params": int(params), "grads": int(grads), "optimizer_states": int(states),
-                      "activations": int(activations)})
+        first = layer_params(m, ids[i][0]) / lay.tp if ids[i] else 0
+        *states, buffer = _stage_states(lay, dense, expert, first, replicas_expert, accum)
+        part = dict(zip(("params", "grads", "optimizer_states", "activations"),
+                        map(int, (*states, stage_activations(cfg, i)["bytes"]))))
+        totals.append(sum(part.values()))           # the parts, each in whole bytes, sum to the total
+        buffers.append(int(buffer))
+        parts.append(part)
     peak = max(range(lay.pp), key=lambda k: totals[k])
     budget = cfg.budget_bytes
     reserve = 2 * HCCL_BUFFSIZE_BYTES * len(_domains(cfg)) if cfg.hccl_reserve else 0
@@ -583,7 +571,21 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
             "budget_bytes": budget, "reserve_bytes": reserve,
             "fits": None if budget is None else totals[peak] + reserve <= budget,
             "headroom_bytes": None if budget is None else budget - reserve - totals[peak], "breakdown": parts[peak],
-            "per_stage_breakdown": parts}
+            "per_stage_breakdown": parts, "grad_accum_buffer_bytes": buffers[peak],
+            "per_stage_grad_accum_buffer_bytes": buffers}
+
+
+def _stage_states(lay: Any, dense: float, expert: float, first_layer: float, replicas: int, accum: bool) -> tuple:
+    """(params, grads, states, the separate accumulation buffer in grads): memory_states.sharded_state_bytes."""
+    if "." in __package__:
+        from .. import memory_states as S
+    else:  # the doctor/ folder copied beside its siblings as plain files
+        import memory_states as S
+    gb = lay.param_bytes if lay.grad_bytes is None else lay.grad_bytes
+    return S.sharded_state_bytes(dense, expert, ranks=lay.shard_ranks, expert_ranks=replicas,
+                                 sharding=lay.optimizer_shard, bytes_per_param=(lay.param_bytes, gb, lay.state_bytes),
+                                 accumulating=accum, accum_buffer=lay.accum_buffer, shard_accum=lay.shard_accum,
+                                 layer_params=first_layer)
 
 
 def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
@@ -592,9 +594,9 @@ def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
     stage), in_flight (micro-batches held at the peak under the layout's schedule, `in_flight`) and
     bytes = per_micro_batch x in_flight + working + output, the term memory_per_stage adds."""
     if "." in __package__:
-        from .. import memory as mem
+        from .. import memory_activations as mem
     else:  # the doctor/ folder copied beside its siblings as plain files
-        import memory as mem
+        import memory_activations as mem
     m, lay = cfg.model, cfg.layout
     if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < lay.pp):
         raise DoctorError("stage", i, f"0 <= stage < pp = {lay.pp}")
@@ -647,4 +649,4 @@ def _activation(mem: Any, m: Model, batch: int, tp: int, sp: bool, moe_layer: bo
     kv = m.heads if m.attention == "mla" else m.kv_heads
     return mem.activation_bytes_per_layer(seq, batch, m.hidden, m.heads, tp=tp,
                                           sequence_parallel=sp, recompute=mode, bytes_per_value=bpv,
-                                          flash_attention=m.flash, num_kv_heads=kv, ffn_hidden_size=ffn, arch="llama")
+                                          flash_attention=m.flash, num_kv_heads=kv, ffn_hidden_size=ffn, arch=m.block)

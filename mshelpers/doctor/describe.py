@@ -80,6 +80,16 @@ class Model:
     flash: bool = True
     qkv_bias: bool = False
     window: int = 0                 # sliding-window attention: each token attends to the last `window` (0: all)
+    # the GPT-style switches (mshelpers.memory.estimate prices a RunConfig or any model through this Model; the
+    # readers leave them at LLaMA's values)
+    block: str = "llama"            # the activation count: "llama" (mindformers' LLaMA block) or "gpt" (Korthikanti's
+                                    # GPT block: LayerNorm, dropout masks, a 2-matrix MLP)
+    mlp: str = "swiglu"             # "swiglu" (w1, w2, w3) or "gelu" (fc1, fc2)
+    norm: str = "rms"               # "rms" (h weights) or "layer" (h weights + h biases)
+    bias: bool = False              # every Linear has a bias (q, k, v, o, the MLP's)
+    positions: int = 0              # rows of a learned position table (GPT-2: 1024), on the first stage
+    extra_params: int = 0           # parameters the structural count does not see (the user's own count minus it,
+                                    # memory.estimate's n_params=), held whole on the first stage
 
     @property
     def q_width(self) -> int:
@@ -106,7 +116,8 @@ class Layout:
     grad_accum: int = 1
     interleave: int = 1             # micro_batch_interleave_num
     seq_parallel: bool = False
-    optimizer_shard: str = "none"   # "none" | "po" (MindSpore's parallel optimizer) | "fsdp" (params, grads, states)
+    optimizer_shard: str = "none"   # "none" | "po" (MindSpore's parallel optimizer) | "fsdp" (params, grads, states);
+                                    # "zero1" (states) | "zero2" (states, grads): ZeRO's stages 1 and 2
     vocab_emb_dp: bool = True
     shard_accum: bool = False       # parallel_optimizer_config.gradient_accumulation_shard
     stage_layers: tuple = (1,)      # layers per pipeline stage (over its VPP chunks)
@@ -119,6 +130,10 @@ class Layout:
     schedule: str = "1f1b"          # pipeline schedule (pp > 1): "1f1b" (mindformers' default), "gpipe", or
                                     # "interleaved" (vpp chunks per stage; a file's pp_interleave_num > 1)
     interleaved_order: str = "standard"   # MindSpore's InterleavedScheduler order: "standard" or "memory"
+    grad_bytes: int | None = None   # gradient bytes per parameter (None: param_bytes; Megatron/DeepSpeed's fp32 grads: 4)
+    accum_buffer: bool = False      # accumulation keeps a second, gradient-sized buffer beside the gradients (a loop
+                                    # that sums each micro-step's gradients into its own buffer, as the cookbook's
+                                    # train_step does). False: MindSpore's accu_grads, the one copy the backward adds into
 
     @property
     def devices(self) -> int:
