@@ -14,11 +14,9 @@
             (dispatch + combine, forward and backward, over EP ranks), context parallel (ring: K/V passed
             cp - 1 times; Ulysses: 4 all-to-alls of q, k, v, o), pipeline sends (x VPP chunks), the 1F1B
             bubble (/ VPP), the exposed DP reduction (or FSDP gathers), the optimizer update.
-  memory    per stage: params, grads and optimizer states (mshelpers.memory_states.sharded_state_bytes; experts
-            sharded over max(ep, tp)), activations
-            (Korthikanti et al. 2022 via mshelpers.memory_activations.activation_bytes_per_layer; a MoE layer stores its
-            expert inputs and activations, one per slot), 1F1B in-flight micro-batches (interleaved: Narayanan et al.
-            2021's (1 + (p - 1)/(p v)) factor), logits on the last stage.
+  memory    per stage: params, grads and optimizer states (memory_states.sharded_state_bytes; experts sharded
+            over max(ep, tp)), activations (Korthikanti et al. 2022, memory_activations.activation_bytes_per_layer;
+            a MoE layer stores one per slot) x the schedule's in-flight micro-batches (in_flight), logits last.
 """
 from __future__ import annotations
 
