@@ -55,13 +55,16 @@ unit: $(STAMP)
 # alternated rounds, so they run two at a time (one kernel per notebook).
 NB_SOLO := notebooks/00_environment.ipynb notebooks/04_data_parallel.ipynb notebooks/05_semi_auto_parallel.ipynb notebooks/08_profiling.ipynb \
            notebooks/12_your_config.ipynb
-# Longest first (seconds two at a time, 2026-12-01: 09 432, 03 329, 02 196, 06 169, 07 162, the rest under 75),
+# Longest first (seconds alone in make outputs run 20261206T084231Z: 10 204, 02 191, 03 150, 09 149, 07 113, 06 107,
+# 11 32, 01 27; one core each they stretch by the paired/alone ratio of their slowest cells in the CI run of that tree,
+# 1.16 for 10 to 1.6 for 06: a greedy schedule of those estimates gives about 620 s in this order and 690 s in the
+# order before, 09 03 02 06 07, which started 10 third from last; that CI run's paired stage took 722 s),
 # in this order: a free worker takes the next file, so the longest must not start last. NBVAL_PIN_CORES=1 keeps each
 # worker, and every kernel and process it starts, to one core of its own (conftest.py): unpinned, the two kernels'
 # thread pools trade both cores back and forth (docs/measurements.md for the figures). xdist would sort
 # the files by cell count instead (09 has 11 cells), hence --no-loadscope-reorder.
-NB_LONGEST := notebooks/09_evaluation_report.ipynb notebooks/03_mixed_precision.ipynb notebooks/02_graph_mode.ipynb \
-              notebooks/06_recompute_memory.ipynb notebooks/07_mindir_aoe.ipynb
+NB_LONGEST := notebooks/10_stability.ipynb notebooks/02_graph_mode.ipynb notebooks/09_evaluation_report.ipynb \
+              notebooks/06_recompute_memory.ipynb notebooks/03_mixed_precision.ipynb notebooks/07_mindir_aoe.ipynb
 NB_PAIRED := $(NB_LONGEST) $(filter-out $(NB_SOLO) $(NB_LONGEST),$(NOTEBOOKS))
 NBVAL := $(BIN)/pytest -q -p no:cacheprovider --nbval-lax --nbval-cell-timeout=900 --nbval-sanitize-with tests/nbval_sanitize.cfg
 nbval: $(STAMP)
