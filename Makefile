@@ -60,8 +60,8 @@ NB_SOLO := notebooks/00_environment.ipynb notebooks/04_data_parallel.ipynb noteb
 # worker, and every kernel and process it starts, to one core of its own (conftest.py): unpinned, the two kernels'
 # thread pools trade both cores back and forth (docs/measurements.md says how that was compared). xdist would sort
 # the files by cell count instead (09 has 11 cells), hence --no-loadscope-reorder.
-NB_LONGEST := notebooks/09_evaluation_report.ipynb notebooks/03_mixed_precision.ipynb notebooks/02_graph_mode.ipynb \
-              notebooks/06_recompute_memory.ipynb notebooks/07_mindir_aoe.ipynb
+NB_LONGEST := notebooks/10_stability.ipynb notebooks/02_graph_mode.ipynb notebooks/09_evaluation_report.ipynb \
+              notebooks/06_recompute_memory.ipynb notebooks/03_mixed_precision.ipynb notebooks/07_mindir_aoe.ipynb
 NB_PAIRED := $(NB_LONGEST) $(filter-out $(NB_SOLO) $(NB_LONGEST),$(NOTEBOOKS))
 NBVAL := $(BIN)/pytest -q -p no:cacheprovider --nbval-lax --nbval-cell-timeout=900 --nbval-sanitize-with tests/nbval_sanitize.cfg
 nbval: $(STAMP)
