@@ -30,7 +30,8 @@ def traffic_bytes(cfg: Config) -> dict[str, float]:
     """Bytes one device sends per optimizer step, by group: tp, ep, cp, pp (point-to-point), dp (the whole
     reduction, hidden part included), total, and stage (the stage counted: the first that sends the most). A ring
     collective over n ranks counts (n - 1)/n of its buffer per pass, as the doctor prices it (an all-reduce is a
-    reduce-scatter and an all-gather: 2 passes); activations travel at 16 bits, as the doctor sends them."""
+    reduce-scatter and an all-gather: 2 passes); activations travel at 16 bits, as the doctor sends them.
+    Taught in: no notebook; doctor/cost.py, parallel.py call it."""
     lay = cfg.layout
     size = {k: len(ranks) for k, ranks in topology.groups(lay, cfg.dialect).items()}
 
@@ -57,7 +58,8 @@ stage_activations = cost.stage_activations     # the count memory_per_stage adds
 def file_config(source: Any, *, budget: Any = None, model_config: Any = None, memory_bytes: float | None = None) -> Config:
     """A Config for a mindformers file (path or parsed dict, read by `readers.read_config`) or a Config, held
     against `budget`, else the file's max_device_memory, else `memory_bytes` (the hardware's memory: the CLI's
-    rule when a file names no budget)."""
+    rule when a file names no budget).
+    Taught in: no notebook; parallel.py calls it."""
     if isinstance(source, Config):
         cfg = source if budget is None else dataclasses.replace(source, budget_bytes=int(budget))
     else:

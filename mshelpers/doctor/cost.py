@@ -32,6 +32,8 @@ from .describe import CALIBRATION, Config, DoctorError, Model
 
 # ---------------------------------------------------------------- FLOPs and parameters
 def attention_params(m: Model) -> int:
+    """One layer's attention parameters: GQA/MHA projections, or MLA's low-rank ones.
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     h = m.hidden
     if m.attention == "mla":
         q = (h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * m.q_width) if m.q_lora_rank else h * m.q_width
@@ -43,7 +45,8 @@ def attention_params(m: Model) -> int:
 
 
 def ffn_params(m: Model, i: int, active: bool = False) -> int:
-    """FFN parameters of layer i (dense SwiGLU, or router + routed experts + shared experts)."""
+    """FFN parameters of layer i (dense SwiGLU, or router + routed experts + shared experts).
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     h = m.hidden
     if m.moe is None or not m.moe.is_moe_layer(i):
         mats = 2 if m.mlp == "gelu" else 3          # fc1, fc2 or w1, w2, w3 (and their biases: (mats - 1) x ffn + h)
@@ -54,35 +57,43 @@ def ffn_params(m: Model, i: int, active: bool = False) -> int:
 
 
 def expert_params(m: Model, i: int) -> int:
-    """Routed-expert parameters of layer i (those EP shards)."""
+    """Routed-expert parameters of layer i (those EP shards).
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     if m.moe is None or not m.moe.is_moe_layer(i):
         return 0
     return m.moe.routed * 3 * m.hidden * m.moe.expert_ffn
 
 
 def norm_params(m: Model) -> int:
+    """One norm's parameters: h weights for RMSNorm, and h biases more for LayerNorm.
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     return 2 * m.hidden if m.norm == "layer" else m.hidden      # RMSNorm: h weights; LayerNorm: + h biases
 
 
 def layer_params(m: Model, i: int, active: bool = False) -> int:
+    """Layer i's parameters: attention, FFN (dense or MoE; active experts only with `active`) and its two norms.
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     return attention_params(m) + ffn_params(m, i, active) + 2 * norm_params(m)
 
 
 def param_count(cfg_or_model: Any, active: bool = False) -> int:
     """Whole-model parameters (active=True: with top_k of the routed experts): embedding, lm_head (unless
-    tied), layers, final norm. MTP modules are not counted (see `mtp_params`)."""
+    tied), layers, final norm. MTP modules are not counted (see `mtp_params`).
+    Taught in: no notebook; doctor/__init__.py, doctor/diagnosis.py, memory.py call it."""
     m = cfg_or_model.model if isinstance(cfg_or_model, Config) else cfg_or_model
     emb = m.vocab * m.hidden * (1 if m.tied else 2) + m.positions * m.hidden + m.extra_params
     return emb + sum(layer_params(m, i, active) for i in range(m.layers)) + norm_params(m)
 
 
 def mtp_params(m: Model) -> int:
-    """Parameters of the MTP modules: per depth one layer (MoE like the last), eh_proj (2h x h) and norms."""
+    """Parameters of the MTP modules: per depth one layer (MoE like the last), eh_proj (2h x h) and norms.
+    Taught in: no notebook; doctor/__init__.py, doctor/diagnosis.py call it."""
     return m.mtp * (layer_params(m, m.layers - 1) + 2 * m.hidden * m.hidden + 3 * m.hidden)
 
 
 def layer_ops(m: Model, i: int) -> dict[str, float]:
-    """Forward FLOPs per token of layer i's ops before any split (names select_recompute patterns match)."""
+    """Forward FLOPs per token of layer i's ops before any split (names select_recompute patterns match).
+    Taught in: no notebook; doctor/__init__.py, doctor/search.py call it."""
     return dict(_layer_ops(m, m.moe is not None and m.moe.is_moe_layer(i)))
 
 
@@ -108,14 +119,16 @@ def _layer_ops(m: Model, moe_layer: bool) -> tuple:
 
 def capacity_padding_flops(m: Model, i: int) -> float:
     """Forward FLOPs per token that layer i's routed experts spend on padded capacity slots (MoE.slots() - top_k
-    slots of the three expert matmuls): hardware work, not model FLOPs. 0 for dense layers and dropless MoE."""
+    slots of the three expert matmuls): hardware work, not model FLOPs. 0 for dense layers and dropless MoE.
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     if m.moe is None or not m.moe.is_moe_layer(i):
         return 0.0
     return (m.moe.slots() - m.moe.top_k) * 3 * 2 * m.hidden * m.moe.expert_ffn
 
 
 def head_flops(m: Model) -> float:
-    """Forward FLOPs per token of the LM head, and of the MTP modules (each: a layer, eh_proj and a head)."""
+    """Forward FLOPs per token of the LM head, and of the MTP modules (each: a layer, eh_proj and a head).
+    Taught in: no notebook; doctor/search.py calls it."""
     one = 2 * m.vocab * m.hidden
     mtp = m.mtp * (sum(layer_ops(m, m.layers - 1).values()) + 2 * 2 * m.hidden * m.hidden + one)
     return one + mtp
@@ -123,7 +136,8 @@ def head_flops(m: Model) -> float:
 
 def flops_per_token(m: Model) -> dict[str, float]:
     """Model FLOPs per token, fwd + bwd: 6N (N active, Kaplan), 6N + attention (PaLM appendix B), and the
-    count the cost model uses (3 x its forward, MTP included)."""
+    count the cost model uses (3 x its forward, MTP included).
+    Taught in notebooks/04_data_parallel.ipynb."""
     n = param_count(m, active=True)
     attn = 3 * sum(layer_ops(m, i)["attention"] for i in range(m.layers))
     fwd = sum(sum(layer_ops(m, i).values()) for i in range(m.layers)) + head_flops(m)
@@ -137,7 +151,8 @@ _MCORE = {"linear_q": "wq", "linear_qkv": "wq wk wv", "linear_kv": "wk wv", "lin
 
 
 def pattern_ops(pattern: str) -> list[str]:
-    """The matmul ops a select_recompute pattern names (elementwise ops cost no matmul FLOPs)."""
+    """The matmul ops a select_recompute pattern names (elementwise ops cost no matmul FLOPs).
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     p = pattern.lower().replace("\\", "")
     if "flash" in p or "core_attention" in p:
         return ["attention"]
@@ -151,7 +166,8 @@ def pattern_ops(pattern: str) -> list[str]:
 
 # ---------------------------------------------------------------- the layout's pieces
 def stage_layer_ids(cfg: Config) -> list[list[int]]:
-    """Layer ids per stage (consecutive; VPP chunks keep their per-stage totals)."""
+    """Layer ids per stage (consecutive; VPP chunks keep their per-stage totals).
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     out, start = [], 0
     for n in cfg.layout.stage_layers:
         out.append(list(range(start, start + n)))
@@ -161,7 +177,8 @@ def stage_layer_ids(cfg: Config) -> list[list[int]]:
 
 def expert_shard(cfg: Config) -> int:
     """Ranks one layer's routed experts are split over: EP ranks (over the experts) times TP ranks (over each
-    expert's FFN width), at most the dp x tp ranks EP is carved out of (layouts.checked: mindformers' rule)."""
+    expert's FFN width), at most the dp x tp ranks EP is carved out of (layouts.checked: mindformers' rule).
+    Taught in: no notebook; doctor/diagnosis.py, doctor/search.py call it."""
     return _expert_shard(cfg.layout)
 
 
@@ -170,7 +187,8 @@ def _expert_shard(lay: Any) -> int:
 
 
 def stage_params(cfg: Config, i: int) -> tuple[float, float]:
-    """(dense, expert) parameters on one device of stage i."""
+    """(dense, expert) parameters on one device of stage i.
+    Taught in: no notebook; parallel.py calls it."""
     return _stage_params(cfg.model, cfg.layout, i)
 
 
@@ -203,14 +221,16 @@ REFERENCE_HEAD_DIM = 128     # the head dim of every fit row but one: attention_
 
 def head_dim_factor(m: Model, calib: Any) -> float:
     """The attention kernels' rate at the model's head dim relative to their rate at 128: d / (d + k) over
-    128 / (128 + k), k = head_dim_half, d the contraction of QK^T (MLA: nope + rope). 1 at d = 128 or k = 0."""
+    128 / (128 + k), k = head_dim_half, d the contraction of QK^T (MLA: nope + rope). 1 at d = 128 or k = 0.
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     d = m.q_width / m.heads
     k = calib.head_dim_half
     return (d / (d + k)) / (REFERENCE_HEAD_DIM / (REFERENCE_HEAD_DIM + k))
 
 
 def expert_matmul_flops(m: Model, i: int) -> float:
-    """Forward FLOPs per token of layer i's routed-expert matmuls (top_k experts, capacity padding apart)."""
+    """Forward FLOPs per token of layer i's routed-expert matmuls (top_k experts, capacity padding apart).
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     if m.moe is None or not m.moe.is_moe_layer(i):
         return 0.0
     return m.moe.top_k * 3 * 2 * m.hidden * m.moe.expert_ffn
@@ -220,7 +240,8 @@ def attention_work(m: Model) -> float:
     """The attention kernels' work relative to causal attention over the whole sequence (the count every FLOP
     convention here uses): 1 without a window; with a sliding window w each query sees at most w keys, s*w - w^2/2
     pairs against s^2/2 (Mistral 7B, Jiang et al. 2023, section 2: window 4096). Time only: MFU columns count as
-    their sources count."""
+    their sources count.
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     if not m.window or m.window >= m.seq:
         return 1.0
     r = m.window / m.seq
@@ -229,14 +250,16 @@ def attention_work(m: Model) -> float:
 
 def expert_rows(m: Model, lay: Any, tokens_micro: float) -> float:
     """Rows of one routed expert's GEMMs per micro-batch (the GEMM's M): the EP group's ep dp-slices of
-    tokens_micro tokens, each sending slots() copies, spread over the routed experts (balanced)."""
+    tokens_micro tokens, each sending slots() copies, spread over the routed experts (balanced).
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     return lay.ep * tokens_micro * m.moe.slots() / m.moe.routed
 
 
 def gemm_intensity(rows: float, k: float, n: float, nbytes: int = 2) -> float:
     """FLOPs per byte of HBM traffic of an M x K by K x N matmul that reads its operands and writes its result once
     (2MKN FLOPs over (MK + KN + MN) x nbytes): the roofline's operational intensity (Williams, Waterman and
-    Patterson 2009). A narrow expert fed few rows is bound by reading its weights."""
+    Patterson 2009). A narrow expert fed few rows is bound by reading its weights.
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     return 2 * rows * k * n / ((rows * k + k * n + rows * n) * nbytes)
 
 
@@ -244,7 +267,8 @@ def routing_imbalance(m: Model, lay: Any, tokens_micro: float) -> float:
     """Load of the busiest EP rank over the mean, when the router is as balanced as chance: each of the EP group's
     slots lands on a rank with probability 1/ep, and the largest of ep such counts is about mean + sigma x
     sqrt(2 ln ep) (the expected maximum of ep Gaussians). MoE.imbalance, when given, replaces it: a trained
-    router is less even than chance."""
+    router is less even than chance.
+    Taught in: no notebook; doctor/describe.py calls it."""
     if m.moe.imbalance > 0:
         return 1.0 + m.moe.imbalance
     n = lay.ep
@@ -258,7 +282,8 @@ def permute_bytes(m: Model, local_tokens: float) -> float:
     """HBM bytes one MoE layer's forward moves outside the matmuls, for local_tokens tokens: the permutation reads
     each token and writes its slots() copies in expert order, the unpermutation reads the copies and writes the
     weighted sum (16-bit hidden vectors); the router's fp32 logits over the routed experts are written, read by
-    the softmax and top-k and the auxiliary loss (4 passes). Megatron-core moe_utils.permute / unpermute."""
+    the softmax and top-k and the auxiliary loss (4 passes). Megatron-core moe_utils.permute / unpermute.
+    Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     e = m.moe
     return local_tokens * (2 * m.hidden * (2 + 2 * e.slots()) + 4 * 4 * e.routed)
 
@@ -280,6 +305,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
 
     Every collective is priced on the links its group crosses (topology.py: ranks placed on nodes in the
     dialect's order) at datasheet rates, times comm_time_factor: one constant, one direction.
+    Taught in notebooks/04_data_parallel.ipynb.
     """
     calib = calib or CALIBRATION
     m, lay = cfg.model, cfg.layout
@@ -468,6 +494,7 @@ def stage_collectives(cfg: Config, i: int) -> dict[str, tuple[float, float, str]
       CP  Ulysses: all-to-alls of the activations (as TP's count); ring: the local K and V passed cp - 1 times
           for the forward, twice for the backward and once per recomputed layer
       PP  the activations on to the next stage and their gradients back to the one before, per chunk
+    Taught in: no notebook; doctor/adapt.py calls it.
     """
     m, lay = cfg.model, cfg.layout
     first = sum(lay.stage_layers[:i])
@@ -505,7 +532,8 @@ def gradient_collectives(cfg: Config, i: int) -> dict[str, tuple[float, float, s
     """Stage i's gradient reduction per optimizer step, as stage_collectives gives the rest: DP passes over its
     dense parameters' bytes, EDP passes over its routed experts' (over their replicas only). Two ring passes
     (reduce-scatter + all-gather under the parallel optimizer, or one all-reduce); FSDP gathers the parameters
-    before the forward and the backward of every micro-batch too: 2 x micro-batches + 1."""
+    before the forward and the backward of every micro-batch too: 2 x micro-batches + 1.
+    Taught in: no notebook; doctor/adapt.py calls it."""
     lay = cfg.layout
     dense, expert = stage_params(cfg, i)
     passes = 2 * lay.n_micro + 1 if lay.optimizer_shard == "fsdp" else 2
@@ -523,7 +551,8 @@ RESERVE_SOURCE = ("HCCL's send and receive buffers, 2 x HCCL_BUFFSIZE (200 MB by
 def memory_reserve(cfg: Config, hw: Any) -> dict[str, Any]:
     """Device memory a rank needs besides its tensors: HCCL's buffers, 2 x HCCL_BUFFSIZE per communication domain
     (each of the rank's groups of more than one rank, and the world). None on hardware without a device pool (the
-    CPU). Returns bytes, domains, groups (their names) and source."""
+    CPU). Returns bytes, domains, groups (their names) and source.
+    Taught in: no notebook; doctor/__init__.py, doctor/describe.py, doctor/diagnosis.py call it."""
     if not getattr(hw, "device_pool", True):
         return {"bytes": 0, "domains": 0, "groups": [], "source": "none on this hardware (no HCCL)"}
     names = _domains(cfg)
@@ -539,7 +568,8 @@ def _domains(cfg: Config) -> list[str]:
 
 def with_reserve(cfg: Config, hw: Any) -> Config:
     """`cfg` priced with the reserve on `hw` (none on the CPU): what every entry point prices a file with. The
-    bytes follow the layout (memory_per_stage counts the domains of the layout it prices)."""
+    bytes follow the layout (memory_per_stage counts the domains of the layout it prices).
+    Taught in: no notebook; doctor/diagnosis.py, doctor/heldout.py, memory.py call it."""
     return dataclasses.replace(cfg, hccl_reserve=bool(getattr(hw, "device_pool", True)))
 
 
@@ -547,7 +577,8 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
     """Peak bytes per device of each pipeline stage against the budget, and the largest stage's breakdown (params,
     grads (with any accumulation buffer, also given as grad_accum_buffer_bytes), optimizer_states, activations): the
     one memory model (mshelpers.memory.estimate prices a RunConfig by it). Layout.optimizer_shard slices over dp x cp
-    (experts over their replicas): "po" params and states, "zero1" states, "zero2" states and grads, "fsdp" all."""
+    (experts over their replicas): "po" params and states, "zero1" states, "zero2" states and grads, "fsdp" all.
+    Taught in notebooks/05_semi_auto_parallel.ipynb."""
     m, lay, ids = cfg.model, cfg.layout, stage_layer_ids(cfg)
     accum = lay.grad_accum > 1 or (lay.pp > 1 and lay.micro > 1)
     # an expert shard's replicas (topology's EDP group): the parallel optimizer shards their states over all of them
@@ -590,7 +621,8 @@ def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
     """Stage i's activations: per_layer (each layer in its recompute mode), per_micro_batch (their sum; swap: the
     two largest stay on device), working (one layer rematerialised under recompute), output (logits on the last
     stage), in_flight (micro-batches held at the peak under the layout's schedule, `in_flight`) and
-    bytes = per_micro_batch x in_flight + working + output, the term memory_per_stage adds."""
+    bytes = per_micro_batch x in_flight + working + output, the term memory_per_stage adds.
+    Taught in: no notebook; doctor/adapt.py, memory.py call it."""
     if "." in __package__:
         from .. import memory_activations as mem
     else:  # the doctor/ folder copied beside its siblings as plain files

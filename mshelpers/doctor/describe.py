@@ -13,7 +13,8 @@ from .published import PUBLISHED
 
 
 class DoctorError(ValueError):
-    """Bad input, said in one line: which field, what value, and the fix."""
+    """Bad input, said in one line: which field, what value, and the fix.
+    Taught in: no notebook; doctor/__init__.py, doctor/cli.py, doctor/cost.py call it."""
 
     def __init__(self, field_name: str, value: Any, fix: str):
         self.field, self.value, self.fix = field_name, value, fix
@@ -25,7 +26,8 @@ class DoctorError(ValueError):
 
 @dataclass(frozen=True)
 class MoE:
-    """Mixture of experts: routed experts (top_k of them per token), shared experts, dense first layers."""
+    """Mixture of experts: routed experts (top_k of them per token), shared experts, dense first layers.
+    Taught in: no notebook; doctor/__init__.py, doctor/readers.py call it."""
     routed: int                     # routed experts per MoE layer
     top_k: int                      # experts each token is sent to
     expert_ffn: int                 # SwiGLU width of one routed expert
@@ -58,7 +60,8 @@ class MoE:
 
 @dataclass(frozen=True)
 class Model:
-    """What the model is, in the terms the cost model needs (Hugging Face names in comments)."""
+    """What the model is, in the terms the cost model needs (Hugging Face names in comments).
+    Taught in: no notebook; doctor/__init__.py, doctor/adapt.py, doctor/cost.py call it."""
     name: str                       # model_type / architecture, as the file names it
     layers: int                     # num_hidden_layers / num_layers
     hidden: int                     # hidden_size
@@ -103,7 +106,8 @@ class Model:
 
 @dataclass(frozen=True)
 class Layout:
-    """How the model is laid out and trained: parallel degrees, batches, recompute, precision."""
+    """How the model is laid out and trained: parallel degrees, batches, recompute, precision.
+    Taught in notebooks/05_semi_auto_parallel.ipynb."""
     dp: int = 1
     tp: int = 1                     # model_parallel / tensor_parallel
     pp: int = 1
@@ -161,7 +165,8 @@ class Layout:
 
 @dataclass(frozen=True)
 class Calibration:
-    """The fitted constants, each with one meaning, applied in one direction everywhere (see cost.step_time)."""
+    """The fitted constants, each with one meaning, applied in one direction everywhere (see cost.step_time).
+    Taught in notebooks/04_data_parallel.ipynb."""
     compute_efficiency: float            # achieved share of the datasheet peak on the matmul FLOPs
     comm_time_factor: float              # exposed collective time / datasheet time (bytes / link rate on the
                                          # links the group crosses): multiplies every collective, TP, CP, EP,
@@ -196,7 +201,8 @@ EXPECTED_ERROR = {"dense": {"median_abs_error": 0.075, "p80_abs_error": 0.201, "
 
 @dataclass(frozen=True)
 class Config:
-    """A read file: the model, the layout, the memory budget, the dialect, and the parsed file itself."""
+    """A read file: the model, the layout, the memory budget, the dialect, and the parsed file itself.
+    Taught in: no notebook; doctor/__init__.py, doctor/adapt.py, doctor/cost.py call it."""
     model: Model
     layout: Layout
     budget_bytes: int | None

@@ -268,7 +268,8 @@ def pynative_chunks(par: dict, layers: int, pp: int, vpp: int, notes: list) -> l
 def pynative_recompute(rc: dict, layers: int, chunks: list[list[int]]) -> tuple[list[int], list[tuple]]:
     """A 2.x `recompute:` section (RecomputeConfig: mode 'None', 'full' with full_recompute_layer, or 'select'
     with select_module {pattern: layer ranges}) as per-stage full counts and select ops, its layer numbers
-    placed on the stages of `chunks` (VPP chunk-major, as mindformers numbers them)."""
+    placed on the stages of `chunks` (VPP chunk-major, as mindformers numbers them).
+    Taught in: no notebook; doctor/readers.py, doctor/variants.py call it."""
     vpp, pp = len(chunks), len(chunks[0])
     mode = str(rc.get("mode", "None"))
     stage_of = [s for v in range(vpp) for s in range(pp) for _ in range(chunks[v][s])]

@@ -118,7 +118,8 @@ def _ffn_size(h: int, multiple_of: Any, mult: Any, given: Any) -> int:
 # ---------------------------------------------------------------- the model (shared by every dialect)
 def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str = "", nulls: Any = ()) -> Model:
     """A `Model` from a flat dict of model keys (any dialect's names; see ALIASES). `nulls`: the keys the file
-    sets to None (left out of `mc`), to name a missing one as the file does."""
+    sets to None (left out of `mc`), to name a missing one as the file does.
+    Taught in: no notebook; doctor/__init__.py calls it."""
     def get(n: str, required: bool = True, zero_ok: bool = False) -> int | None:
         k, v = _pick(mc, n, where, dialect, required=required and n not in _OPTIONAL, nulls=nulls)
         if k is None:
@@ -204,6 +205,8 @@ def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str
 
 # ---------------------------------------------------------------- dialects
 def dialect_of(d: dict) -> str:
+    """A parsed file's dialect: 'pynative' (2.x training/parallelism sections), 'mcore' (use_legacy: false) or 'r1.x'.
+    Taught in: no notebook; doctor/__init__.py calls it."""
     if any(k in d for k in ("training", "parallelism")) or (isinstance(d.get("recompute"), dict)
                                                             and "mode" in d["recompute"]):
         return "pynative"
@@ -491,7 +494,8 @@ def _pynative(d: dict, budget: Any, model_config: Any, devices: int | None) -> C
 
 
 def load_yaml(path_or_dict: Any) -> dict:
-    """The parsed file, or DoctorError in one line (missing file, not YAML, not a mapping)."""
+    """The parsed file, or DoctorError in one line (missing file, not YAML, not a mapping).
+    Taught in: no notebook; doctor/__init__.py calls it."""
     if isinstance(path_or_dict, dict):
         return path_or_dict
     import yaml
@@ -514,7 +518,8 @@ def load_yaml(path_or_dict: Any) -> dict:
 
 
 def parse_release(release: Any) -> tuple:
-    """A mindformers release as a tuple of ints: "r1.3.0", "1.3.0", (1, 3, 0); None or "" -> ()."""
+    """A mindformers release as a tuple of ints: "r1.3.0", "1.3.0", (1, 3, 0); None or "" -> ().
+    Taught with the rest of doctor/readers.py in notebooks/12_your_config.ipynb."""
     if release is None or release == "" or release == ():
         return ()
     if isinstance(release, tuple) and release and all(_is_int(v) and not isinstance(v, bool) and 0 <= v < 1000
@@ -550,7 +555,8 @@ def read_config(path_or_dict: Any, budget: Any = None, *, model_config: Any = No
                 devices: int | None = None, release: Any = None) -> Config:
     """Read a mindformers training file (path or parsed dict) in any dialect into a `Config`. `release`
     ("r1.3.0"): the mindformers release the file runs on, where its code prices the file differently (r1.x MoE
-    before r1.5.0: see `_at_release`); None prices it as the newest release does."""
+    before r1.5.0: see `_at_release`); None prices it as the newest release does.
+    Taught in notebooks/05_semi_auto_parallel.ipynb."""
     rel = parse_release(release)
     return _at_release(_read_config(path_or_dict, budget, model_config, devices), rel)
 
@@ -583,6 +589,7 @@ def _read_config(path_or_dict: Any, budget: Any, model_config: Any, devices: int
 def with_layout(cfg: Config, **kw) -> Config:
     """A variant the slow way: the file edited in its own dialect (edited_yaml) and read again. The search and the
     planner (adapt.on_degrees) use variants.layout_variant instead, which tests/doctor/test_search.py and
-    tests/doctor/test_one_price.py check prices exactly like this."""
+    tests/doctor/test_one_price.py check prices exactly like this.
+    Taught in: no notebook; doctor/__init__.py, doctor/adapt.py, doctor/calibration.py call it."""
     return read_config(edited_yaml(cfg, **kw), budget=cfg.budget_bytes, model_config=cfg.model_config,
                        release=cfg.release)

@@ -32,7 +32,8 @@ def layout_variant(cfg: Config, **changes) -> Config:
     entries (`Config.asked`) with it unless recompute= is given; recompute and select_recompute go together. A
     switch the parsed Layout cannot show (use_seq_parallel at model_parallel 1, the parallel optimizer at dp x
     cp = 1) is the file's own, from `Config.asked`. The result's `raw` is {}: a variant has no file until
-    edited_yaml writes one."""
+    edited_yaml writes one.
+    Taught in: no notebook; doctor/__init__.py, doctor/adapt.py, doctor/describe.py call it."""
     unknown = sorted(set(changes) - set(_STATIC_KEYS))
     if unknown:
         raise DoctorError(unknown[0], changes[unknown[0]], f"one of {', '.join(_STATIC_KEYS)}")
@@ -152,7 +153,8 @@ def _node(parent: dict, key: str) -> dict:
 def edited_yaml(cfg: Config, **kw) -> dict:
     """A variant's file: `cfg.raw` with the keys of `kw` (mindformers' static names, the keys of _STATIC_KEYS)
     written in the file's own dialect; `cfg.raw` is left as it was. For writing a file and for `with_layout`:
-    the search varies the Layout (variants.layout_variant) and calls this once per row it returns."""
+    the search varies the Layout (variants.layout_variant) and calls this once per row it returns.
+    Taught in: no notebook; doctor/__init__.py, doctor/readers.py, doctor/search.py call it."""
     unknown = sorted(set(kw) - set(_STATIC_KEYS))
     if unknown:
         raise DoctorError(unknown[0], kw[unknown[0]], f"one of {', '.join(_STATIC_KEYS)} (mindformers' static names)")
