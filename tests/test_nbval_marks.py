@@ -64,6 +64,8 @@ def problems(notebooks: dict, table: dict) -> list:
             if marked(src):
                 if i in rows:
                     bad.append(f"{nb} cell {i}: marked {MARK} but listed as unchecked")
+                if "\n%%" in "\n" + src.split(MARK, 1)[1]:
+                    bad.append(f"{nb} cell {i}: {MARK} above a cell magic (%%...), which must be the cell's first line")
             elif i not in rows:
                 bad.append(f"{nb} cell {i} ({first_line(src)[:60]!r}): neither marked {MARK} nor listed as unchecked")
         for i, (shown, reason) in rows.items():
@@ -101,6 +103,9 @@ def test_the_check_can_fail():
     assert any("no '### 01_y'" in b for b in problems({"01_y": ["a = 1"]}, listed(readme)))
     with pytest.raises(AssertionError, match="no section"):
         listed("# Tests\n")
+    magic = MARK + "\n%%writefile x.py\nprint(1)"
+    assert [b.split(": ")[1][:len(MARK) + 6] for b in problems({"00_x": [magic]}, listed(f"{SECTION}\n### 00_x\n"))] == [
+        f"{MARK} above"]
     truncated = f"{SECTION}\n### 00_x\n| 0 | `import mindspore…` | a time |\n"
     assert problems({"00_x": ["import mindspore as ms"]}, listed(truncated)) == []
     assert problems({"00_x": ["import numpy as np"]}, listed(truncated))
