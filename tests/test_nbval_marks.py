@@ -18,6 +18,7 @@ README = ROOT / "tests" / "README.md"
 MARK = "# NBVAL_CHECK_OUTPUT"
 SECTION = "## Unchecked code cells"
 ROW = re.compile(r"^\| (\d+) \| `([^`]*)` \| (.+?) \|\s*$")
+COUNT = re.compile(r"^(?:(\d+) of (\d+)|all (\d+)) code cells checked")
 
 
 def code_cells(nb_path):
@@ -49,6 +50,9 @@ def listed(readme_text):
             i = int(m.group(1))
             assert i not in out[nb], f"{nb} cell {i} listed twice"
             out[nb][i] = (m.group(2), m.group(3).strip())
+        elif (m := COUNT.match(line)):
+            assert nb, f"a count before any notebook heading: {line}"
+            out[nb]["counts"] = (int(m.group(1) or m.group(3)), int(m.group(2) or m.group(3)))
     return out
 
 
@@ -56,10 +60,14 @@ def problems(notebooks: dict, table: dict) -> list:
     """notebooks: {stem: [code cell sources]}; table: listed(). Every disagreement, as a readable line."""
     bad = [f"{nb}: in the README but no such notebook" for nb in table if nb not in notebooks]
     for nb, cells in notebooks.items():
-        rows = table.get(nb)
-        if rows is None:
+        rows = dict(table.get(nb, {}))
+        if nb not in table:
             bad.append(f"{nb}: no '### {nb}' in the README's section")
-            rows = {}
+        counts = rows.pop("counts", None)
+        n_marked = sum(map(marked, cells))
+        if counts is not None and counts != (n_marked, len(cells)):
+            bad.append(f"{nb}: the README says {counts[0]} of {counts[1]} code cells checked, the notebook has "
+                       f"{n_marked} of {len(cells)}")
         for i, src in enumerate(cells):
             if marked(src):
                 if i in rows:
@@ -93,6 +101,10 @@ def test_the_check_can_fail():
               "| 1 | `import time` | a time |\n| 2 | `x = 1` | none |\n\n## Next\n| 9 | `nope` | outside |\n")
     assert problems(nbs, listed(readme)) == []
     assert listed(readme)["00_x"].keys() == {1, 2}          # the next section's table is not read
+    counted = readme.replace("### 00_x\n", "### 00_x\n\n1 of 3 code cells checked; not checked:\n")
+    assert problems(nbs, listed(counted)) == []
+    assert problems(nbs, listed(counted.replace("1 of 3", "2 of 3"))) == [
+        "00_x: the README says 2 of 3 code cells checked, the notebook has 1 of 3"]
     nbs["00_x"][1] = MARK + "\n" + nbs["00_x"][1]          # marked and listed
     nbs["00_x"][2] = nbs["00_x"][2].replace("x = 1", "y = 2")      # the listed first line moved
     nbs["00_x"].append("z = 3")                             # a new cell nobody decided on
