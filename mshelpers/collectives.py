@@ -93,15 +93,19 @@ DEFAULT_COLLECTIVE_SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 <
 def measure_collectives(ranks: int = 2, sizes: Sequence[int] | None = None,
                         ops: Sequence[str] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast"), *,
                         repeats: int = 7, warmup: int = 2, max_seconds_per_size: float = 4.0,
-                        threads: int | None = None, timeout: float = 300, log_dir: Any = None) -> list[dict]:
+                        rounds: int = 1, threads: int | None = None, timeout: float = 300, log_dir: Any = None) -> list[dict]:
     """Time collectives between `ranks` msrun processes on this machine; one row per (op, size).
 
     Launches `mshelpers/workers/collectives_bench.py` under msrun (`mshelpers.launch.msrun`).
     For every op and message size (default 4 KiB to 16 MiB, 7 sizes): `warmup` untimed calls,
     then `repeats` timed ones (fewer past `max_seconds_per_size`, at least 3), each
     synchronised with `.asnumpy()` and started together after a tiny barrier all-reduce.
+    With `rounds` > 1 the sizes are swept `rounds` times, `repeats` calls each time, so a spell of
+    contention on a shared machine falls on one round of every size rather than on every call of
+    one size (the same reason timing.compare_interleaved alternates its candidates).
     Rows: {op, bytes, seconds, ranks} where seconds is the slowest rank's median, plus api
-    (the MindSpore call), repeats, rank_medians_s, min_s and max_s (over all ranks' calls).
+    (the MindSpore call), repeats, rank_medians_s, min_s and max_s (over all ranks' calls), and
+    round_medians_s (per round, the slowest rank's median).
     `bytes` is the full float32 buffer the op is about (all-reduced tensor, gathered output,
     reduce-scatter input, broadcast tensor), rounded to a multiple of 4·ranks. An op that fails
     on this backend keeps its rows, with seconds None and `error` quoting MindSpore (on CPU
@@ -126,6 +130,7 @@ def measure_collectives(ranks: int = 2, sizes: Sequence[int] | None = None,
     if bad or not ops:
         raise ValueError(f"{fn}: ops={ops!r} has unknown {bad}; fix: choose from {COLLECTIVES}")
     repeats = _pos(fn, "repeats", repeats)
+    rounds = _pos(fn, "rounds", rounds)
     if __package__:                                     # imported here: the planner above runs without MindSpore
         from .launch import msrun
         from .workers import script_path
@@ -133,7 +138,7 @@ def measure_collectives(ranks: int = 2, sizes: Sequence[int] | None = None,
         from launch import msrun
         from workers import script_path
     run = msrun(script_path("collectives_bench"), workers=ranks, log_dir=log_dir, timeout=timeout,
-                args=_collectives_bench_args(ranks, sizes, ops, repeats, warmup, max_seconds_per_size, threads))
+                args=_collectives_bench_args(ranks, sizes, ops, repeats, warmup, max_seconds_per_size, threads, rounds))
     per_rank = [r["rows"] for r in run.results() if r]
     if len(per_rank) != ranks:
         raise RuntimeError(f"{fn}: {len(per_rank)} of {ranks} ranks wrote results; see the logs in {run.log_dir}")
@@ -141,13 +146,13 @@ def measure_collectives(ranks: int = 2, sizes: Sequence[int] | None = None,
 
 
 def _collectives_bench_args(ranks: int, sizes: Sequence[int], ops: Sequence[str], repeats: int, warmup: int,
-                            max_seconds_per_size: float, threads: int | None) -> list[str]:
+                            max_seconds_per_size: float, threads: int | None, rounds: int = 1) -> list[str]:
     """The command line of workers/collectives_bench.py; threads None: the cores divided among the ranks."""
     if threads is None:
         import os
         threads = max(1, (os.cpu_count() or 1) // ranks)
     return ["--sizes", ",".join(str(int(b)) for b in sizes), "--ops", ",".join(ops), "--repeats", str(repeats),
-            "--warmup", str(warmup), "--max-seconds-per-size", str(max_seconds_per_size),
+            "--warmup", str(warmup), "--max-seconds-per-size", str(max_seconds_per_size), "--rounds", str(int(rounds)),
             "--threads", str(int(threads))]
 
 
@@ -164,6 +169,8 @@ def _merge_rank_rows(per_rank: Sequence[Sequence[dict]]) -> list[dict]:
             times = [t for m in mine for t in m["times_s"]]
             row.update(seconds=max(m["median_s"] for m in mine), repeats=min(len(m["times_s"]) for m in mine),
                        rank_medians_s=[m["median_s"] for m in mine], min_s=min(times), max_s=max(times))
+            per_round = [m.get("round_medians_s") or [m["median_s"]] for m in mine]
+            row["round_medians_s"] = [max(r) for r in zip(*per_round)]
         rows.append(row)
     return rows
 
@@ -266,6 +273,56 @@ def fit_alpha_beta(rows: Iterable[dict], op: str, *, weighting: str = "relative"
 
 
 # ---------------------------------------------------------------- one collective on the doctor's links
+def within_factor(predicted_s: float, measured_s: Sequence[float], factor: float = 2.0, *,
+                  fit: AlphaBetaFit | None = None, upper_only: bool = False) -> dict[str, Any]:
+    """Is a measured time within `factor` of its prediction, and could this machine tell?
+
+    `measured_s` holds one time per round (a row's `round_medians_s`, or per-round timings); the measured figure
+    is their median. The verdict is "within" when predicted/measured lies in [1/factor, factor] (with
+    `upper_only`, only measured <= factor x predicted is asked), "outside" when it misses by more than the noise
+    band, and "too noisy" when it misses by less than that: the miss cannot be told from the machine's own scatter.
+    The band, on a log scale, is 2.5 standard errors of the median, as report.claim_timing's: one round's noise is
+    1.4826 x the median |log(round / median)|, over sqrt(rounds); with `fit`, the line's own scatter about the
+    sizes it was fitted on (1.4826 x the median |log ratio| over sqrt(points)) is added in quadrature, since a
+    line fitted through noisy points predicts no better than they were measured. One round and no fit: no band.
+
+        >>> within_factor(1.0, [1.1, 0.9, 1.0, 1.05, 0.95])["verdict"]
+        'within'
+        >>> within_factor(0.1, [1.1, 0.9, 1.0, 1.05, 0.95])["verdict"]
+        'outside'
+        >>> within_factor(0.1, [0.3, 9.0, 1.0, 0.2, 4.0])["verdict"]
+        'too noisy'
+
+    Returns {verdict, predicted_s, measured_s, ratio (predicted / measured), band (the factor the noise spans,
+    >= 1), rounds}. Taught in notebooks/04_data_parallel.ipynb and 05_semi_auto_parallel.ipynb.
+    """
+    fn = "within_factor"
+    vals = [float(v) for v in measured_s]
+    if not vals or min(vals) <= 0 or not all(math.isfinite(v) for v in vals):
+        raise ValueError(f"{fn}: measured_s={measured_s!r} needs one positive time per round; fix: pass the "
+                         "rounds' times (a row's round_medians_s)")
+    if not (isinstance(predicted_s, (int, float)) and math.isfinite(predicted_s) and predicted_s > 0):
+        raise ValueError(f"{fn}: predicted_s={predicted_s!r} is invalid; fix: pass a positive time in seconds")
+    if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 1):
+        raise ValueError(f"{fn}: factor={factor!r} is invalid; fix: pass a factor above 1, e.g. 2")
+    vals.sort()
+    n = len(vals)
+    med = vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
+    def spread(logs: list[float]) -> float:                  # the median |log| of a sample, robustly as sigma
+        logs = sorted(abs(x) for x in logs)
+        k = len(logs)
+        return 1.4826 * (logs[k // 2] if k % 2 else (logs[k // 2 - 1] + logs[k // 2]) / 2)
+    var = (spread([math.log(v / med) for v in vals]) ** 2 / n) if n > 1 else 0.0
+    if fit is not None and fit.residuals:
+        var += spread([math.log(r["ratio"]) for r in fit.residuals]) ** 2 / len(fit.residuals)
+    band_log = 2.5 * 1.2533 * math.sqrt(var)
+    miss = math.log(med / predicted_s) if upper_only else abs(math.log(predicted_s / med))
+    verdict = "within" if miss <= math.log(factor) else "outside" if miss - math.log(factor) > band_log \
+        else "too noisy"
+    return {"verdict": verdict, "predicted_s": predicted_s, "measured_s": med, "ratio": predicted_s / med,
+            "band": math.exp(band_log), "rounds": n}
+
+
 def collective_time(op: str, nbytes: float, group_size: int, hardware: Hardware, *,
                     crosses_nodes: bool = False) -> float:
     """Seconds one collective of `nbytes` (the full buffer, as in measure_collectives) takes under `hardware`,

@@ -87,6 +87,35 @@ def claim(sentence: str, holds: Any, **numbers_: Any) -> str:
     return text
 
 
+def claim_within(sentence: str, check: dict, **numbers_: Any) -> str:
+    """A within-a-factor result (collectives.within_factor's dict: verdict, ratio, band, ...) printed as a claim, or,
+    when the miss lies inside the run's own noise band, as one loud 'TOO NOISY' line that claims and fails nothing.
+    Returns the verdict: 'within', 'outside' (raises ClaimFailed) or 'too noisy'.
+
+        >>> claim_within("the line predicts it within 2x", {"verdict": "within", "ratio": 1.1, "band": 1.3})
+        ✓ the line predicts it within 2x  [ratio=1.1, band=1.3]
+        'within'
+        >>> claim_within("the line predicts it within 2x", {"verdict": "too noisy", "ratio": 0.3, "band": 9.0})
+        TOO NOISY to decide: the line predicts it within 2x  [ratio=0.3, band=9]: the miss lies inside this run's noise band (x9 either way); no claim, no failure: re-run on an idle machine to decide
+        'too noisy'
+
+    Taught in notebooks/04_data_parallel.ipynb and 05_semi_auto_parallel.ipynb.
+    """
+    verdict = check.get("verdict") if isinstance(check, dict) else None
+    if verdict not in ("within", "outside", "too noisy"):
+        raise ValueError(f"claim_within: check={check!r} has no verdict 'within', 'outside' or 'too noisy'; fix: pass "
+                         "the dict collectives.within_factor returns")
+    nums = {"ratio": check.get("ratio"), "band": check.get("band"), **numbers_}
+    if verdict == "too noisy":
+        shown = {k: _fmt_number(v) for k, v in nums.items()}
+        print(f"TOO NOISY to decide: {sentence.format(**shown)}  [" + ", ".join(f"{k}={v}" for k, v in shown.items())
+              + f"]: the miss lies inside this run's noise band (x{shown['band']} either way); no claim, no failure: "
+              "re-run on an idle machine to decide")
+        return verdict
+    claim(sentence, verdict == "within", **nums)
+    return verdict
+
+
 def claim_trained(name: str, losses: Sequence[float], floor: float | None = None) -> str:
     """Claim that a run trained: every loss finite, and the last below the first (and above `floor`,
     the entropy floor of the data, when given: a loss under the floor means a bug, not learning).

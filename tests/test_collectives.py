@@ -167,9 +167,9 @@ def test_collectives_bench_args_match_the_workers_flags():
     import os
     import re
     from mshelpers.workers import script_path
-    args = collectives._collectives_bench_args(2, [4096, 65536.0], ["all_reduce", "broadcast"], 5, 1, 2.5, 3)
+    args = collectives._collectives_bench_args(2, [4096, 65536.0], ["all_reduce", "broadcast"], 5, 1, 2.5, 3, 4)
     assert args == ["--sizes", "4096,65536", "--ops", "all_reduce,broadcast", "--repeats", "5", "--warmup", "1",
-                    "--max-seconds-per-size", "2.5", "--threads", "3"]
+                    "--max-seconds-per-size", "2.5", "--rounds", "4", "--threads", "3"]
     declared = set(re.findall(r'add_argument\("(--[a-z-]+)"', open(script_path("collectives_bench")).read()))
     assert {a for a in args if a.startswith("--")} == declared          # every flag the worker has, and no other
     cores = os.cpu_count() or 1
@@ -192,7 +192,7 @@ def test_merge_rank_rows_takes_the_slowest_rank_and_keeps_errors():
           {"op": "reduce_scatter", "bytes": 8, "api": "ops.ReduceScatter", "error": ""}]
     assert collectives._merge_rank_rows([r0, r1]) == [
         {"op": "all_reduce", "bytes": 4096, "seconds": 0.003, "ranks": 2, "api": "ops.AllReduce", "repeats": 2,
-         "rank_medians_s": [0.002, 0.003], "min_s": 0.001, "max_s": 0.004},
+         "rank_medians_s": [0.002, 0.003], "min_s": 0.001, "max_s": 0.004, "round_medians_s": [0.003]},
         {"op": "reduce_scatter", "bytes": 8, "seconds": None, "ranks": 2, "api": "ops.ReduceScatter",
          "error": "Unsupported op [ReduceScatter] on CPU"}]
     r1[1]["error"], r0[1]["error"] = "another rank failed", ""
@@ -206,9 +206,9 @@ def test_measure_collectives_documented_defaults(monkeypatch):
     import os
     p = inspect.signature(collectives.measure_collectives).parameters
     assert {k: p[k].default for k in ("ranks", "sizes", "repeats", "warmup", "max_seconds_per_size", "threads",
-                                      "timeout", "log_dir")} == dict(ranks=2, sizes=None, repeats=7, warmup=2,
-                                                                     max_seconds_per_size=4.0, threads=None,
-                                                                     timeout=300, log_dir=None)
+                                      "timeout", "log_dir", "rounds")} == dict(ranks=2, sizes=None, repeats=7, warmup=2,
+                                                                               max_seconds_per_size=4.0, threads=None,
+                                                                               timeout=300, log_dir=None, rounds=1)
     assert collectives.DEFAULT_COLLECTIVE_SIZES == (4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20)
     # threads None: the cores divided among the ranks, at least 1; an unknown core count counts as 1
     assert collectives._collectives_bench_args(1, [8], ["all_reduce"], 3, 2, 4.0, None)[-1] == str(os.cpu_count() or 1)
@@ -248,9 +248,10 @@ def test_measure_collectives_launches_the_bench_worker_with_its_defaults(monkeyp
     assert rec.calls == [dict(script=script_path("collectives_bench"), workers=2, log_dir=None, timeout=300, args=[
         "--sizes", "4096,16384,65536,262144,1048576,4194304,16777216",
         "--ops", "all_reduce,all_gather,reduce_scatter,broadcast", "--repeats", "7", "--warmup", "2",
-        "--max-seconds-per-size", "4.0", "--threads", str(max(1, (os.cpu_count() or 1) // 2))])]
+        "--max-seconds-per-size", "4.0", "--rounds", "1", "--threads", str(max(1, (os.cpu_count() or 1) // 2))])]
     assert rows == [{"op": "all_reduce", "bytes": 4096, "seconds": 0.003, "ranks": 2, "api": "ops.AllReduce",
-                     "repeats": 2, "rank_medians_s": [0.001, 0.003], "min_s": 0.001, "max_s": 0.006}]
+                     "repeats": 2, "rank_medians_s": [0.001, 0.003], "min_s": 0.001, "max_s": 0.006,
+                     "round_medians_s": [0.003]}]
 
 
 def test_measure_collectives_passes_every_setting_and_refuses_a_rank_without_results(monkeypatch, tmp_path):
@@ -258,11 +259,11 @@ def test_measure_collectives_passes_every_setting_and_refuses_a_rank_without_res
     rec = _RecordedLaunch([_rank_rows(0.001), _rank_rows(0.002), _rank_rows(0.004)])
     monkeypatch.setattr(launch, "msrun", rec)
     rows = collectives.measure_collectives(3, sizes=[96.0], ops="broadcast", repeats=4.0, warmup=1,
-                                        max_seconds_per_size=0.5, threads=2, timeout=12, log_dir=tmp_path)
+                                        max_seconds_per_size=0.5, threads=2, timeout=12, log_dir=tmp_path, rounds=3.0)
     (call,) = rec.calls
     assert (call["workers"], call["log_dir"], call["timeout"]) == (3, tmp_path, 12)
     assert call["args"] == ["--sizes", "96", "--ops", "broadcast", "--repeats", "4", "--warmup", "1",
-                            "--max-seconds-per-size", "0.5", "--threads", "2"]   # not cores // ranks
+                            "--max-seconds-per-size", "0.5", "--rounds", "3", "--threads", "2"]   # not cores // ranks
     assert rows[0]["seconds"] == 0.004 and rows[0]["ranks"] == 3
     rec._results = [_rank_rows(0.001), None]                        # rank 1 died before writing
     with pytest.raises(RuntimeError) as e:
@@ -320,3 +321,62 @@ def test_two_rank_measurement_gives_a_time_or_a_reason_for_every_op(tmp_path):
         assert all("ReduceScatter" in r["error"] or "another rank" in r["error"] for r in rs)
     alpha, beta = fit_alpha_beta(rows, "all_reduce")
     assert alpha >= 0 and beta > 0
+
+
+def test_merged_rows_keep_the_slowest_rank_of_every_round():
+    r0 = [{"op": "all_reduce", "bytes": 8, "median_s": 2.0, "times_s": [1.0, 2.0, 3.0], "round_medians_s": [1.0, 3.0]}]
+    r1 = [{"op": "all_reduce", "bytes": 8, "median_s": 2.0, "times_s": [2.0, 2.0], "round_medians_s": [2.0, 2.0]}]
+    assert collectives._merge_rank_rows([r0, r1])[0]["round_medians_s"] == [2.0, 3.0]
+
+
+# ---------------------------------------------------------------- within a factor, or too noisy to tell
+def test_within_factor_decides_only_what_the_rounds_can_tell():
+    wf = collectives.within_factor
+    steady = [1.0, 1.02, 0.98, 1.01, 0.99]
+    assert wf(1.0, steady)["verdict"] == "within"
+    assert wf(1.9, steady)["verdict"] == "within" and wf(0.55, steady)["verdict"] == "within"
+    assert wf(2.2, steady)["verdict"] == "outside" and wf(0.4, steady)["verdict"] == "outside"
+    scattered = [0.3, 9.0, 1.0, 0.2, 4.0]                  # a busy neighbour: rounds 45x apart
+    v = wf(0.3, scattered)
+    assert v["verdict"] == "too noisy" and v["band"] > 5 and v["measured_s"] == 1.0 and v["rounds"] == 5
+    assert wf(1.0, scattered)["verdict"] == "within"       # inside the factor is a hit, whatever the noise
+    assert wf(1e-4, scattered)["verdict"] == "outside"     # a miss wider than the noise is still a miss
+    one = wf(0.1, [1.0])                                    # one round, no fit: no band, a miss is a miss
+    assert one["verdict"] == "outside" and one["band"] == 1.0
+    # upper_only asks "at most factor x the prediction": faster than predicted is never a miss
+    assert wf(10.0, steady, upper_only=True)["verdict"] == "within"
+    assert wf(0.3, steady, upper_only=True)["verdict"] == "outside"
+    assert wf(0.6, steady, upper_only=True)["verdict"] == "within"
+
+
+def test_within_factor_counts_the_lines_own_scatter():
+    rows = [{"op": "all_reduce", "bytes": b, "seconds": (1e-3 + b / 1e8) * k}
+            for b, k in ((1e3, 1.0), (1e4, 3.0), (1e5, 0.3), (1e6, 2.5), (1e7, 0.4))]
+    fit = fit_alpha_beta(rows, "all_reduce")
+    steady = [1.0, 1.02, 0.98, 1.01, 0.99]
+    alone, with_fit = collectives.within_factor(0.4, steady), collectives.within_factor(0.4, steady, fit=fit)
+    assert alone["verdict"] == "outside" and with_fit["verdict"] == "too noisy" and with_fit["band"] > alone["band"]
+
+
+@pytest.mark.parametrize("args, line", [
+    ((1.0, []), "within_factor: measured_s=[] needs one positive time per round; fix: pass the rounds' times (a row's round_medians_s)"),
+    ((1.0, [1.0, -1.0]), "within_factor: measured_s=[1.0, -1.0] needs one positive time per round; fix: pass the rounds' times (a row's round_medians_s)"),
+    ((1.0, [float("nan")]), "within_factor: measured_s=[nan] needs one positive time per round; fix: pass the rounds' times (a row's round_medians_s)"),
+    ((0.0, [1.0]), "within_factor: predicted_s=0.0 is invalid; fix: pass a positive time in seconds"),
+    (("1", [1.0]), "within_factor: predicted_s='1' is invalid; fix: pass a positive time in seconds"),
+    ((1.0, [1.0], 1.0), "within_factor: factor=1.0 is invalid; fix: pass a factor above 1, e.g. 2"),
+])
+def test_within_factor_refuses_in_one_line(args, line):
+    with pytest.raises(ValueError) as e:
+        collectives.within_factor(*args)
+    assert str(e.value) == line
+
+
+def test_two_ranks_stop_together_when_the_time_budget_ends_a_size(tmp_path):
+    # each rank times its own calls; a budget about one call long made them stop at different counts, and the
+    # next collective met the wrong one ("Memcpy error, dest size is 4, src size is 8388608"). They agree now.
+    rows = collectives.measure_collectives(2, sizes=[1 << 20, 4 << 20, 8 << 20, 16 << 20], ops=["all_reduce"],
+                                           repeats=6, rounds=3, max_seconds_per_size=0.3, log_dir=tmp_path)
+    for r in rows:
+        assert not r.get("error") and len(r["round_medians_s"]) == 3 and r["repeats"] >= 3
+        assert r["min_s"] <= min(r["round_medians_s"]) and max(r["round_medians_s"]) <= r["max_s"]

@@ -299,6 +299,7 @@ CALLS: dict[str, str] = {
         fit = m.fit_alpha_beta([{"op": "all_reduce", "bytes": b, "seconds": 1e-5 + b / 1e9} for b in (1e3, 1e5, 1e7)],
                                "all_reduce")
         assert isinstance(fit, m.AlphaBetaFit)
+        assert m.within_factor(1.0, [1.1, 0.9, 1.0], fit=fit)["verdict"] == "within"
     """,
     "hardware": """
         hw = m.Hardware(peak_flops_per_device=1e12, intra_node_bytes_per_s=2e9, inter_node_bytes_per_s=1e9)
@@ -357,6 +358,7 @@ CALLS: dict[str, str] = {
         assert m.quote_figure("figures.json", "step", here=190.0, why="w")["value"] == 183.0
         table = [{"name": "base"}, {"name": "graph", "tokens/s verdict": "win"}]
         assert m.choose_stack(table, {"speed": ["tokens/s"]}, "base") == (["graph"], {})
+        assert m.claim_within("x within 2x", {"verdict": "too noisy", "ratio": 0.3, "band": 9.0}) == "too noisy"
         assert m.claim("equal {x}", np.float32(1.0) == 1.0, x=np.float64(1.0)) == "equal 1"
         try:
             m.claim("fits", np.bool_(False), used=np.int64(3))

@@ -234,3 +234,26 @@ def _write_many(path, w):
     from mshelpers.report import record_figure
     for i in range(25):
         record_figure(path, f"w{w} f{i}", float(i), "ms", "test")
+
+
+# ---------------------------------------------------------------- claim_within: a factor, or too noisy to tell
+def test_claim_within_claims_a_hit_fails_a_miss_and_says_too_noisy_without_failing(capsys):
+    from mshelpers.collectives import within_factor
+    from mshelpers.report import ClaimFailed, claim_within
+    steady, scattered = [1.0, 1.02, 0.98, 1.01, 0.99], [0.3, 9.0, 1.0, 0.2, 4.0]
+    assert claim_within("the line predicts it within {f}x", within_factor(1.5, steady), f=2) == "within"
+    assert capsys.readouterr().out.startswith("✓ the line predicts it within 2x  [ratio=1.5, band=")
+    with pytest.raises(ClaimFailed, match="^FALSE: the line predicts it within 2x"):
+        claim_within("the line predicts it within {f}x", within_factor(0.1, steady), f=2)
+    assert claim_within("the line predicts it within {f}x", within_factor(0.3, scattered), f=2) == "too noisy"
+    out = capsys.readouterr().out
+    assert out.startswith("TOO NOISY to decide: the line predicts it within 2x  [ratio=0.3, band=")
+    assert "no claim, no failure" in out and "✓" not in out
+
+
+@pytest.mark.parametrize("check", [None, {}, {"verdict": "maybe"}, [("verdict", "within")]])
+def test_claim_within_refuses_what_is_not_a_verdict(check):
+    from mshelpers.report import claim_within
+    with pytest.raises(ValueError, match=r"^claim_within: check=.* has no verdict 'within', 'outside' or 'too noisy'; "
+                                         r"fix: pass the dict collectives.within_factor returns$"):
+        claim_within("x", check)

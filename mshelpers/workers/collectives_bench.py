@@ -4,8 +4,10 @@
         --sizes 4096,1048576,16777216 --ops all_reduce,all_gather,reduce_scatter,broadcast
 
 Launched by `mshelpers.collectives.measure_collectives`, which merges the ranks' rows. For each op and size:
-`--warmup` untimed calls, then `--repeats` timed calls. Before every timed call the ranks meet in a
-4-byte AllReduce (not timed), so they start together; the timed region is the collective plus
+`--warmup` untimed calls, then `--repeats` timed calls, in each of `--rounds` sweeps over the sizes (each size's
+median is over all its calls; `round_medians_s` keeps one per sweep). Before every timed call the ranks meet in a
+4-byte AllReduce (not timed) that also decides, for all of them at once, whether to make another call, so they
+start together and stop together; the timed region is the collective plus
 `.asnumpy()` on its output, which waits until the result exists (PyNative launches asynchronously).
 An op that fails (e.g. `ops.ReduceScatter` has no CPU kernel) is recorded with its error, not dropped,
 and its larger sizes are skipped. After every size the ranks all-reduce a failure flag, so when one
@@ -26,6 +28,8 @@ parser.add_argument("--sizes", default="4096,65536,1048576,16777216", help="mess
 parser.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter,broadcast")
 parser.add_argument("--repeats", type=int, default=7)
 parser.add_argument("--warmup", type=int, default=2)
+parser.add_argument("--rounds", type=int, default=1,
+                    help="sweep the sizes this many times, --repeats calls per size in each sweep")
 parser.add_argument("--max-seconds-per-size", type=float, default=4.0,
                     help="stop repeating a size once its timed calls used this much time (at least 3 repeats)")
 parser.add_argument("--threads", type=int, default=0, help="CPU kernel threads per rank (0: MindSpore's default)")
@@ -55,6 +59,13 @@ _barrier_x = Tensor(np.ones((1,), np.float32))
 
 def barrier():
     _barrier_op(_barrier_x).asnumpy()
+
+
+def agree(go_on):
+    """The barrier before a timed call, carrying each rank's wish to go on: the ranks stop together, on the first
+    rank that has had enough (each times its own calls, so alone they could stop at different counts and the next
+    collective would meet the wrong one: on CPU, "Memcpy error, dest size is 4, src size is 8388608")."""
+    return _barrier_op(Tensor(np.array([1.0 if go_on else 0.0], np.float32))).asnumpy()[0] == world
 
 
 def elements(nbytes):
@@ -87,39 +98,51 @@ def first_line(e):
 # timed after large AllReduce/AllGather calls failed at random sizes ("CollectiveWait ... failed"),
 # while Broadcast alone, or first, ran at every size. Rows come back in the requested order.
 RUN_ORDER = {"broadcast": 0, "all_reduce": 1, "all_gather": 2, "reduce_scatter": 3}
-rows, done, total = [], 0, len(names) * len(sizes)
+rows, done, total = [], 0, len(names) * len(sizes) * args.rounds
 for op in sorted(names, key=lambda o: RUN_ORDER.get(o, 9)):
     error = None
-    for nbytes in sizes:
-        row = {"op": op, "requested_bytes": nbytes, "bytes": elements(nbytes) * 4, "api": API.get(op, op),
-               "rank": rank, "world": world}
-        if error is None:
-            try:
-                fn, x = make(op, nbytes)
-                for _ in range(args.warmup):
-                    barrier()
-                    fn(x).asnumpy()
-                times, used = [], 0.0
-                while len(times) < args.repeats and (len(times) < 3 or used < args.max_seconds_per_size):
-                    barrier()
-                    t0 = time.perf_counter()
-                    fn(x).asnumpy()
-                    dt = time.perf_counter() - t0
-                    times.append(dt)
-                    used += dt
-                row.update(times_s=times, median_s=float(np.median(times)))
-            except Exception as e:   # noqa: BLE001  (an unsupported op is a result here, not a crash)
-                error = first_line(e)
-        # Agree on failure: a rank whose call failed (e.g. a CollectiveWait timeout) tells the others, so all
-        # ranks record it and move on together instead of waiting in mismatched collectives.
-        failed = _barrier_op(Tensor(np.array([0.0 if error is None else float(rank + 1)], np.float32))).asnumpy()[0]
-        if error is None and failed > 0:
-            error = "another rank failed this size (see its row/log); stopped here to keep the ranks in step"
-        if error is not None:
+    op_rows = [{"op": op, "requested_bytes": nbytes, "bytes": elements(nbytes) * 4, "api": API.get(op, op),
+                "rank": rank, "world": world, "times_s": [], "round_medians_s": []} for nbytes in sizes]
+    fns = {}
+    budget = args.max_seconds_per_size / args.rounds        # each round's share of a size's time
+    for rnd in range(args.rounds):
+        # every round sweeps all sizes once: a spell of contention (a busy neighbour, a scheduler hiccup) lands on
+        # a round of every size instead of on all the calls of one size
+        for row in op_rows:
+            nbytes = row["requested_bytes"]
+            if error is None:
+                try:
+                    if nbytes not in fns:
+                        fns[nbytes] = make(op, nbytes)
+                        for _ in range(args.warmup):
+                            barrier()
+                            fns[nbytes][0](fns[nbytes][1]).asnumpy()
+                    fn, x = fns[nbytes]
+                    times, used = [], 0.0
+                    need = 3 if args.rounds == 1 else 1         # at least 3 calls per size in all
+                    while agree(len(times) < args.repeats and (len(times) < need or used < budget)):
+                        t0 = time.perf_counter()
+                        fn(x).asnumpy()
+                        dt = time.perf_counter() - t0
+                        times.append(dt)
+                        used += dt
+                    row["times_s"] += times
+                    row["round_medians_s"].append(float(np.median(times)))
+                except Exception as e:   # noqa: BLE001  (an unsupported op is a result here, not a crash)
+                    error = first_line(e)
+            # Agree on failure: a rank whose call failed (e.g. a CollectiveWait timeout) tells the others, so all
+            # ranks record it and move on together instead of waiting in mismatched collectives.
+            failed = _barrier_op(Tensor(np.array([0.0 if error is None else float(rank + 1)], np.float32))).asnumpy()[0]
+            if error is None and failed > 0:
+                error = "another rank failed this size (see its row/log); stopped here to keep the ranks in step"
+            done += 1
+            report_progress(done, total)
+    for row in op_rows:
+        if error is not None and len(row["round_medians_s"]) < args.rounds:
             row["error"] = error
+        elif row["times_s"]:
+            row["median_s"] = float(np.median(row["times_s"]))
         rows.append(row)
-        done += 1
-        report_progress(done, total)
     print(f"rank {rank}: {op}: " + (f"error {error}" if error else
           ", ".join(f"{r['bytes']}B {r['median_s'] * 1e3:.2f}ms" for r in rows if r["op"] == op)), flush=True)
 
