@@ -94,6 +94,15 @@ def _siblings() -> tuple[Any, Any]:
     return S, D
 
 
+def _switch_bool(fn: str, name: str, v: Any, none_ok: bool) -> None:
+    """A yes/no keyword is True or False (a numpy bool, or 0 and 1 as a YAML writes them, too); else one line.
+    bool('no') is True, so a string or a count is refused rather than read."""
+    if (v is None and none_ok) or isinstance(v, bool) or type(v).__name__ == "bool_" or (type(v) is int and v in (0, 1)):
+        return
+    raise ValueError(f"{fn}: {name}={v!r} is invalid; fix: pass True or False" + (" (or None for the default)"
+                                                                                  if none_ok else ""))
+
+
 # --- the doctor's Config for a config and layout ---
 def doctor_config(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stage: int = 0,
                   accounting: str | tuple[int, int, int] | None = None, sequence_parallel: bool | None = None,
@@ -134,6 +143,11 @@ def doctor_config(cfg: Any, *, n_devices: int = 1, layout: Any = None, zero_stag
                          f"{dp}*{micro}; fix: use a batch_size that is a multiple of {dp * micro}")
     if zero_stage not in S.ZERO_STAGES:
         raise ValueError(f"{fn}: zero_stage={zero_stage!r} is invalid; fix: use one of {S.ZERO_STAGES}")
+    for name, v, none_ok in (("flash_attention", flash_attention, False), ("parallel_optimizer", parallel_optimizer, False),
+                             ("shard_grad_accum", shard_grad_accum, False), ("qkv_bias", qkv_bias, False),
+                             ("vocab_emb_dp", vocab_emb_dp, False), ("sequence_parallel", sequence_parallel, True),
+                             ("grad_accum_buffer", grad_accum_buffer, True)):
+        _switch_bool(fn, name, v, none_ok)
     if parallel_optimizer and zero_stage:
         raise ValueError(f"{fn}: parallel_optimizer=True with zero_stage={zero_stage}; fix: pick one (MindSpore's "
                          "parallel optimizer slices params and states, like ZeRO-1 plus the params)")

@@ -339,6 +339,19 @@ _REFUSALS += [
      f"{_TPC}: num_kv_heads=2 needs cfg.num_heads; fix: add num_heads to cfg"),
     (memory.estimate, (_CFG,), {"mlp": "x"}, "estimate: mlp='x' is invalid; fix: one of ('swiglu', 'gelu')"),
     (memory.estimate, (_CFG,), {"num_kv_heads": 0}, f"estimate: num_kv_heads=0 {_POS}"),
+    # a yes/no keyword: bool('yes') and bool(3) are True, so anything but a bool (or 0/1) is refused, not read
+    (memory.estimate, (_CFG,), {"qkv_bias": "yes"}, "estimate: qkv_bias='yes' is invalid; fix: pass True or False"),
+    (memory.estimate, (_CFG,), {"vocab_emb_dp": 3}, "estimate: vocab_emb_dp=3 is invalid; fix: pass True or False"),
+    (memory.estimate, (_CFG,), {"flash_attention": "no"},
+     "estimate: flash_attention='no' is invalid; fix: pass True or False"),
+    (memory.estimate, (_CFG,), {"parallel_optimizer": None},
+     "estimate: parallel_optimizer=None is invalid; fix: pass True or False"),
+    (memory.estimate_stage, (_CFG,), {"shard_grad_accum": 2.0},
+     "estimate_stage: shard_grad_accum=2.0 is invalid; fix: pass True or False"),
+    (memory.estimate, (_CFG,), {"grad_accum_buffer": "x"},
+     "estimate: grad_accum_buffer='x' is invalid; fix: pass True or False (or None for the default)"),
+    (memory.doctor_config, (_CFG,), {"sequence_parallel": 2},
+     "doctor_config: sequence_parallel=2 is invalid; fix: pass True or False (or None for the default)"),
     # each refusal names the function the user called (model_state_bytes sums model_state_breakdown)
     (memory.model_state_breakdown, (0,), {}, f"model_state_breakdown: n_params=0 {_POS}"),
     (memory.model_state_bytes, (10,), {"dp": 0}, f"model_state_bytes: dp=0 {_POS}"),
@@ -360,6 +373,14 @@ def test_each_refusal_is_its_exact_line(fn, args, kw, line):
     with pytest.raises(ValueError) as err:
         fn(*args, **kw)
     assert str(err.value) == line
+
+
+def test_yes_no_keywords_take_bools_numpy_bools_and_yaml_zero_one():
+    import numpy as np
+    base = memory.estimate(_CFG, qkv_bias=True, vocab_emb_dp=False)
+    assert memory.estimate(_CFG, qkv_bias=np.bool_(True), vocab_emb_dp=0) == base
+    assert memory.estimate(_CFG, qkv_bias=1, vocab_emb_dp=np.False_) == base
+    assert memory.estimate(_CFG, grad_accum_buffer=None) == memory.estimate(_CFG)
 
 
 def test_estimate_stage_edges_its_defaults_and_sums_leave_out():
