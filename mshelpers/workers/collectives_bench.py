@@ -119,7 +119,7 @@ for op in sorted(names, key=lambda o: RUN_ORDER.get(o, 9)):
                             fns[nbytes][0](fns[nbytes][1]).asnumpy()
                     fn, x = fns[nbytes]
                     times, used = [], 0.0
-                    need = 3 if args.rounds == 1 else 1         # at least 3 calls per size in all
+                    need = -(-3 // args.rounds)                # at least 3 calls per size in all
                     while agree(len(times) < args.repeats and (len(times) < need or used < budget)):
                         t0 = time.perf_counter()
                         fn(x).asnumpy()
