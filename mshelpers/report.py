@@ -108,7 +108,12 @@ def claim_within(sentence: str, check: dict, **numbers_: Any) -> str:
     nums = {"ratio": check.get("ratio"), "band": check.get("band"), **numbers_}
     if verdict == "too noisy":
         shown = {k: _fmt_number(v) for k, v in nums.items()}
-        print(f"TOO NOISY to decide: {sentence.format(**shown)}  [" + ", ".join(f"{k}={v}" for k, v in shown.items())
+        try:
+            text = sentence.format(**shown)
+        except (KeyError, IndexError) as e:              # the same one line as claim's
+            raise ValueError(f"claim_within: sentence names {e} which is not among the numbers; "
+                             f"fix: pass it as a keyword, e.g. claim_within(..., {str(e).strip(chr(39))}=value)") from None
+        print(f"TOO NOISY to decide: {text}  [" + ", ".join(f"{k}={v}" for k, v in shown.items())
               + f"]: the miss lies inside this run's noise band (x{shown['band']} either way); no claim, no failure: "
               "re-run on an idle machine to decide")
         return verdict

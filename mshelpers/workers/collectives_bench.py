@@ -5,14 +5,14 @@
 
 Launched by `mshelpers.collectives.measure_collectives`, which merges the ranks' rows. For each op and size:
 `--warmup` untimed calls, then `--repeats` timed calls, in each of `--rounds` sweeps over the sizes (each size's
-median is over all its calls; `round_medians_s` keeps one per sweep). Before every timed call the ranks meet in a
-4-byte AllReduce (not timed) that also decides, for all of them at once, whether to make another call, so they
-start together and stop together; the timed region is the collective plus
+median is over all its calls; `round_medians_s` keeps one per sweep). Before every timed call the ranks meet in an
+8-byte AllReduce (not timed, `agree`) that also decides, for all of them at once, whether to make another call, so
+they start together and stop together; the timed region is the collective plus
 `.asnumpy()` on its output, which waits until the result exists (PyNative launches asynchronously).
 An op that fails (e.g. `ops.ReduceScatter` has no CPU kernel) is recorded with its error, not dropped,
-and its larger sizes are skipped. After every size the ranks all-reduce a failure flag, so when one
-rank's call fails (the CPU Broadcast can time out: "CollectiveWait ... failed") all of them record
-it and continue in step.
+and its larger sizes are skipped. That same meeting carries a failure flag, and the ranks meet once more after every
+size, so when one rank's call fails (the CPU Broadcast can time out: "CollectiveWait ... failed") all of them
+record it and continue in step.
 
 Message size ("bytes") is the full float32 buffer the op is about: the all-reduced tensor, the
 gathered output of an all-gather, the input of a reduce-scatter, the broadcast tensor (NCCL-tests'
@@ -54,18 +54,29 @@ names = [s for s in args.ops.split(",") if s]
 API = {"all_reduce": "ops.AllReduce", "all_gather": "ops.AllGather", "reduce_scatter": "ops.ReduceScatter",
        "broadcast": "ops.Broadcast(root_rank=0)"}
 _barrier_op = ops.AllReduce()
-_barrier_x = Tensor(np.ones((1,), np.float32))
+
+
+class AnotherRankFailed(RuntimeError):
+    """Raised on every rank that learns in `agree` that another rank's call failed."""
+
+
+def agree(go_on, failed=False):
+    """The one synchronising collective: a 2-float AllReduce carrying each rank's wish to go on and whether its
+    last call failed. Every meeting of the ranks outside the timed calls is this call, so whichever two meet, they
+    read the same thing: all ranks stop together on the first rank that has had enough (each times its own calls,
+    and alone they stopped at different counts, so the next collective met the wrong one: on CPU, "Memcpy error,
+    dest size is 4, src size is 8388608"), and a failure anywhere reaches every rank at its next meeting.
+    Returns True when every rank wants another call; raises AnotherRankFailed when some rank failed."""
+    flags = np.array([1.0 if go_on else 0.0, 1.0 if failed else 0.0], np.float32)
+    total = _barrier_op(Tensor(flags)).asnumpy()
+    if total[1] > 0 and not failed:
+        raise AnotherRankFailed("another rank failed this size (see its row/log); stopped here to keep the ranks "
+                                "in step")
+    return bool(total[0] == world)
 
 
 def barrier():
-    _barrier_op(_barrier_x).asnumpy()
-
-
-def agree(go_on):
-    """The barrier before a timed call, carrying each rank's wish to go on: the ranks stop together, on the first
-    rank that has had enough (each times its own calls, so alone they could stop at different counts and the next
-    collective would meet the wrong one: on CPU, "Memcpy error, dest size is 4, src size is 8388608")."""
-    return _barrier_op(Tensor(np.array([1.0 if go_on else 0.0], np.float32))).asnumpy()[0] == world
+    agree(True)
 
 
 def elements(nbytes):
@@ -128,13 +139,17 @@ for op in sorted(names, key=lambda o: RUN_ORDER.get(o, 9)):
                         used += dt
                     row["times_s"] += times
                     row["round_medians_s"].append(float(np.median(times)))
+                except AnotherRankFailed as e:
+                    error = str(e)
                 except Exception as e:   # noqa: BLE001  (an unsupported op is a result here, not a crash)
                     error = first_line(e)
-            # Agree on failure: a rank whose call failed (e.g. a CollectiveWait timeout) tells the others, so all
-            # ranks record it and move on together instead of waiting in mismatched collectives.
-            failed = _barrier_op(Tensor(np.array([0.0 if error is None else float(rank + 1)], np.float32))).asnumpy()[0]
-            if error is None and failed > 0:
-                error = "another rank failed this size (see its row/log); stopped here to keep the ranks in step"
+            # After every size, a meeting that carries failure: a rank whose call failed (e.g. a CollectiveWait
+            # timeout) tells the others, so all ranks record it and move on together instead of waiting in
+            # mismatched collectives; it is the same 2-float call as the others, so it pairs with any of them.
+            try:
+                agree(False, failed=error is not None)
+            except AnotherRankFailed as e:
+                error = str(e)
             done += 1
             report_progress(done, total)
     for row in op_rows:
