@@ -186,6 +186,13 @@ def _expert_shard(lay: Any) -> int:
     return min(lay.ep * lay.tp, lay.dp * lay.tp)
 
 
+def expert_replicas(lay: Any) -> int:
+    """Ranks that hold the same routed-expert shard (topology's EDP group): dp x cp x tp over the expert shard. The
+    parallel optimizer splits an expert's states and update over these, not over dp x cp (Megatron-core's
+    expert-data-parallel group; mindformers shards expert weights over ep first). Taught in: no notebook."""
+    return max(1, lay.dp * lay.cp * lay.tp // _expert_shard(lay))
+
+
 def stage_params(cfg: Config, i: int) -> tuple[float, float]:
     """(dense, expert) parameters on one device of stage i.
     Taught in: no notebook; parallel.py calls it."""
@@ -379,11 +386,13 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
             k, nbytes, kind = coll["EP"]
             if kind == "all_gather":
                 # every rank gathers the EP group's tokens and reduce-scatters the outputs back: a ring pass over
-                # the group forwards n - 1 of the ranks' shares (Megatron-core MoEAllGatherTokenDispatcher)
+                # the group forwards n - 1 of the ranks' shares (Megatron-core MoEAllGatherTokenDispatcher); the
+                # volume is every token whatever the routing, so imbalance does not scale it
                 one = (spans["EP"]["size"] - 1) * nbytes / topology.ring_link(hw, spans["EP"])[0]
             else:
-                one = topology.all_to_all_time(hw, spans["EP"], nbytes)
-            e = k * (one * imbalance * f_comm + ep_lat)          # the busiest EP rank binds
+                # the busiest EP rank receives its experts' share of the tokens: imbalance scales what it receives
+                one = topology.all_to_all_time(hw, spans["EP"], nbytes) * imbalance
+            e = k * (one * f_comm + ep_lat)
         moe_layers = [j for j in ids[i] if m.moe is not None and m.moe.is_moe_layer(j)]
         if moe_layers:
             local = tokens_micro / (lay.tp if lay.seq_parallel and m.moe.sp_dispatch else 1)
@@ -448,7 +457,9 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
             # the parallel optimizer's parameter all-gather comes after the update, before the next forward
             dp_exposed_part = one if lay.optimizer_shard == "po" else 0.0
     dp_s = dp_exposed_part + max(0.0, dp_total - dp_exposed_part - window)
-    sharded = local / (lay.shard_ranks if lay.parallel_optimizer else 1)
+    # the parallel optimizer splits each parameter's update over its replicas, as memory_per_stage splits its states:
+    # dense over dp x cp, a routed expert shard over its EDP replicas only (dp x cp x tp / (ep x tp): 1 at dp = ep)
+    sharded = dense / lay.shard_ranks + expert / expert_replicas(lay) if lay.parallel_optimizer else local
     optimizer_s = sharded * (4 * lay.param_bytes + 16) / hw.hbm_bytes_per_s
     step = compute_s + attn_hbm_s + perm_s + tp_s + ep_s + cp_s + p2p_s + bubble_s + dp_s + optimizer_s
     tokens = lay.global_batch * m.seq
@@ -582,7 +593,7 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
     m, lay, ids = cfg.model, cfg.layout, stage_layer_ids(cfg)
     accum = lay.grad_accum > 1 or (lay.pp > 1 and lay.micro > 1)
     # an expert shard's replicas (topology's EDP group): the parallel optimizer shards their states over all of them
-    replicas_expert = max(1, lay.dp * lay.cp * lay.tp // expert_shard(cfg))
+    replicas_expert = expert_replicas(lay)
     totals, parts, buffers = [], [], []
     for i in range(lay.pp):
         dense, expert = stage_params(cfg, i)

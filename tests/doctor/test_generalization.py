@@ -146,7 +146,7 @@ def test_the_busiest_ep_rank_binds_and_a_given_imbalance_replaces_chance():
     skew = dataclasses.replace(c, model=dataclasses.replace(c.model, moe=dataclasses.replace(c.model.moe, imbalance=0.5)))
     a, b = D.step_time(c, A2), D.step_time(skew, A2)
     assert b["moe_imbalance"] == 1.5 and b["expert_s"] == pytest.approx(a["expert_s"] * 1.5 / chance)
-    assert b["ep_s"] > a["ep_s"]
+    assert b["ep_s"] == pytest.approx(a["ep_s"])      # its all-gather dispatcher moves every token whatever the routing
     assert "as balanced as chance" in D.render_text(D.diagnose(str(HELD / "deepseek2_lite_16b_8k.yaml"),
                                                                "atlas-900-a2-podc", search=False))
 

@@ -132,3 +132,30 @@ def test_attention_slows_with_a_smaller_head_dim_as_the_fit_says():
     with_term = D.step_time(cfg, A2)["compute_s"]
     without = D.step_time(cfg, A2, dataclasses.replace(D.CALIBRATION, head_dim_half=0.0))["compute_s"]
     assert with_term > 1.3 * without                    # seq 32768: attention is most of this model's FLOPs
+
+
+@pytest.mark.parametrize("name", ["r1.2.0_finetune_mixtral-8x7b.yaml", "r1.3.0_finetune_qwen2_57b.yaml",
+                                  "r1.6.0_finetune_telechat_39b_a12b.yaml"])
+def test_the_optimizer_updates_the_parameters_whose_states_the_device_holds(name):
+    """The update's traffic covers what the parallel optimizer left on this device: the states memory_per_stage
+    counts on the binding stage. A routed expert at dp = ep has one replica, so nothing splits its update (stop 65:
+    step_time divided it by dp x cp too, 8x too little on the Mixtral card)."""
+    cfg = D.read_config(DATA / name)
+    lay = cfg.layout
+    st, mem = D.step_time(cfg, A2, D.CALIBRATION), D.memory_per_stage(cfg)
+    updated = st["optimizer_s"] * A2.hbm_bytes_per_s / (4 * lay.param_bytes + 16)
+    held = [b["optimizer_states"] / lay.state_bytes for b in mem["per_stage_breakdown"]]
+    assert lay.parallel_optimizer and any(abs(updated - h) <= 1e-6 * h for h in held), (updated, held)
+
+
+@pytest.mark.parametrize("path, kind", [(DATA.parent / "heldout" / "deepseek2_lite_16b_8k.yaml", "all_gather"),
+                                        (DATA / "r1.2.0_finetune_mixtral-8x7b.yaml", "all_to_all")])
+def test_routing_imbalance_slows_the_all_to_all_but_not_the_all_gather(path, kind):
+    """The all-gather dispatcher moves every token of the EP group whatever the routing; an all-to-all's busiest
+    rank receives its experts' share, which a skewed router inflates (stop 65: the all-gather was scaled too)."""
+    cfg = D.read_config(path)
+    assert D.cost.stage_collectives(cfg, 0)["EP"][2] == kind
+    skewed = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, moe=dataclasses.replace(cfg.model.moe, imbalance=1.0)))
+    even, busy = (D.step_time(c, A2, D.CALIBRATION)["ep_s"] for c in (cfg, skewed))
+    assert busy == pytest.approx(even) if kind == "all_gather" else busy > 1.5 * even

@@ -49,9 +49,10 @@ def test_traffic_bytes_are_what_step_time_prices(name, cfg):
     t = adapt.traffic_bytes(cfg)
     assert t["stage"] == st["bottleneck_stage"]
     for k, term in (("tp", "tp_s"), ("ep", "ep_s"), ("cp", "cp_s"), ("pp", "p2p_s"), ("dp", "dp_total_s")):
-        # the busiest EP rank binds: the time carries its load over the mean (cost.routing_imbalance), the bytes
-        # counted are the mean rank's
-        factor = st["moe_imbalance"] if k == "ep" else 1.0
+        # the busiest EP rank binds an all-to-all: the time carries its load over the mean (cost.routing_imbalance),
+        # the bytes counted are the mean rank's; an all-gather dispatcher moves every token whatever the routing
+        ep_kind = cost.stage_collectives(cfg, st["bottleneck_stage"]).get("EP", (0, 0, None))[2]
+        factor = st["moe_imbalance"] if k == "ep" and ep_kind == "all_to_all" else 1.0
         assert t[k] * factor == pytest.approx(st[term], rel=1e-12, abs=1e-9), k
 
 
