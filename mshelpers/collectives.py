@@ -144,7 +144,7 @@ def measure_collectives(ranks: int = 2, sizes: Sequence[int] | None = None,
     per_rank = [r["rows"] for r in run.results() if r]
     if len(per_rank) != ranks:
         raise RuntimeError(f"{fn}: {len(per_rank)} of {ranks} ranks wrote results; see the logs in {run.log_dir}")
-    return _merge_rank_rows(per_rank)
+    return merge_rank_rows(per_rank)
 
 
 def _collectives_bench_args(ranks: int, sizes: Sequence[int], ops: Sequence[str], repeats: int, warmup: int,
@@ -158,9 +158,16 @@ def _collectives_bench_args(ranks: int, sizes: Sequence[int], ops: Sequence[str]
             "--threads", str(int(threads))]
 
 
-def _merge_rank_rows(per_rank: Sequence[Sequence[dict]]) -> list[dict]:
+def merge_rank_rows(per_rank: Sequence[Sequence[dict]]) -> list[dict]:
     """One row per (op, size) from every rank's rows (same order on every rank): per round the slowest rank's
-    median, and as `seconds` the fastest of those rounds."""
+    median, and as `seconds` the fastest of those rounds. Each rank's row: op, bytes, times_s, median_s and
+    round_medians_s (or an error); workers/grad_fusion.py's fit rows are merged by it too.
+
+        >>> r0 = {"op": "all_reduce", "bytes": 8, "times_s": [1.0, 3.0], "median_s": 2.0, "round_medians_s": [1.0, 3.0]}
+        >>> r1 = {"op": "all_reduce", "bytes": 8, "times_s": [2.0, 2.0], "median_s": 2.0, "round_medians_s": [2.0, 2.0]}
+        >>> merge_rank_rows([[r0], [r1]])[0]["seconds"]      # rounds end at 2.0 and 3.0: the fastest
+        2.0
+    """
     ranks, rows = len(per_rank), []
     for i, r0 in enumerate(per_rank[0]):
         mine = [rr[i] for rr in per_rank]

@@ -190,15 +190,15 @@ def test_merge_rank_rows_takes_the_slowest_rank_and_keeps_errors():
           {"op": "reduce_scatter", "bytes": 8, "api": "ops.ReduceScatter", "error": "Unsupported op [ReduceScatter] on CPU"}]
     r1 = [{"op": "all_reduce", "bytes": 4096, "api": "ops.AllReduce", "median_s": 0.003, "times_s": [0.0025, 0.003]},
           {"op": "reduce_scatter", "bytes": 8, "api": "ops.ReduceScatter", "error": ""}]
-    assert collectives._merge_rank_rows([r0, r1]) == [
+    assert collectives.merge_rank_rows([r0, r1]) == [
         {"op": "all_reduce", "bytes": 4096, "seconds": 0.003, "ranks": 2, "api": "ops.AllReduce", "repeats": 2,
          "rank_medians_s": [0.002, 0.003], "min_s": 0.001, "max_s": 0.004, "round_medians_s": [0.003]},
         {"op": "reduce_scatter", "bytes": 8, "seconds": None, "ranks": 2, "api": "ops.ReduceScatter",
          "error": "Unsupported op [ReduceScatter] on CPU"}]
     r1[1]["error"], r0[1]["error"] = "another rank failed", ""
-    assert collectives._merge_rank_rows([r0, r1])[1]["error"] == "another rank failed"
-    assert type(collectives._merge_rank_rows([r0, r1])[0]["bytes"]) is int
-    assert collectives._merge_rank_rows([[{"op": "broadcast", "bytes": 4, "median_s": 1.0, "times_s": [1.0]}]])[0]["api"] is None
+    assert collectives.merge_rank_rows([r0, r1])[1]["error"] == "another rank failed"
+    assert type(collectives.merge_rank_rows([r0, r1])[0]["bytes"]) is int
+    assert collectives.merge_rank_rows([[{"op": "broadcast", "bytes": 4, "median_s": 1.0, "times_s": [1.0]}]])[0]["api"] is None
 
 
 def test_measure_collectives_documented_defaults(monkeypatch):
@@ -331,11 +331,11 @@ def test_two_rank_measurement_gives_a_time_or_a_reason_for_every_op(tmp_path):
 def test_merged_rows_keep_the_slowest_rank_of_every_round():
     r0 = [{"op": "all_reduce", "bytes": 8, "median_s": 2.5, "times_s": [1.0, 2.5, 3.0], "round_medians_s": [1.0, 3.0]}]
     r1 = [{"op": "all_reduce", "bytes": 8, "median_s": 2.0, "times_s": [2.0, 2.0], "round_medians_s": [2.0, 2.0]}]
-    merged = collectives._merge_rank_rows([r0, r1])[0]
+    merged = collectives.merge_rank_rows([r0, r1])[0]
     assert merged["round_medians_s"] == [2.0, 3.0]
     assert merged["seconds"] == 2.0                    # the fastest round, whichever it was
     r0[0]["round_medians_s"] = [3.0, 1.0]
-    assert collectives._merge_rank_rows([r0, r1])[0]["seconds"] == 2.0 == min([3.0, 2.0])
+    assert collectives.merge_rank_rows([r0, r1])[0]["seconds"] == 2.0 == min([3.0, 2.0])
 
 
 def test_within_factor_takes_numpy_numbers():

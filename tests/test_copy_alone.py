@@ -300,6 +300,8 @@ CALLS: dict[str, str] = {
                                "all_reduce")
         assert isinstance(fit, m.AlphaBetaFit)
         assert m.within_factor(1.0, [1.1, 0.9, 1.0], fit=fit)["verdict"] == "within"
+        row = lambda t: [{"op": "all_reduce", "bytes": 8, "times_s": t, "median_s": sum(t) / 2, "round_medians_s": t}]
+        assert m.merge_rank_rows([row([1.0, 3.0]), row([2.0, 2.0])])[0]["seconds"] == 2.0
     """,
     "hardware": """
         hw = m.Hardware(peak_flops_per_device=1e12, intra_node_bytes_per_s=2e9, inter_node_bytes_per_s=1e9)

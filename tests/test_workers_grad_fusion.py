@@ -57,14 +57,17 @@ def _rank(rank, scale):
             "phases_s": {"compile": 1.0}, "first_call_s": {}, "kernels": {"per-tensor": {"all_reduce": 3}},
             "ir_files": {}, "losses": [1.0], "orders": [["x", "y"], ["y", "x"]],
             "times": {"x": [1.0 * scale, 2.0], "y": [3.0, 4.0 * scale]},
-            "fit_rows": [{"bytes": 4096, "times_s": [0.1 * scale, 0.3], "median_s": 0.2 * scale}]}
+            "fit_rows": [{"bytes": 4096, "times_s": [0.1 * scale, 0.3, 0.25], "median_s": 0.25,
+                          "round_medians_s": [0.2 * scale, 0.25]}]}
 
 
 def test_merge_takes_the_slowest_rank_per_round_and_keeps_rank_0s_graph_facts():
     m = gf.merge_ranks([_rank(0, 1.0), _rank(1, 2.0)])
     assert m["times"] == {"x": [2.0, 2.0], "y": [3.0, 8.0]} and m["ranks"] == 2
     (row,) = m["fit_rows"]
-    assert row["op"] == "all_reduce" and row["bytes"] == 4096 and row["seconds"] == pytest.approx(0.4)
+    # per sweep the slowest rank (0.4 then 0.25), and the fastest of those sweeps: a slow spell hits one sweep
+    assert row["op"] == "all_reduce" and row["bytes"] == 4096 and row["seconds"] == pytest.approx(0.25)
+    assert row["round_medians_s"] == pytest.approx([0.4, 0.25]) and row["repeats"] == 3
     assert row["min_s"] == pytest.approx(0.1) and row["max_s"] == pytest.approx(0.3) and row["ranks"] == 2
     assert m["kernels"] == {"per-tensor": {"all_reduce": 3}} and m["n_tensors"] == 3
     with pytest.raises(ValueError, match="no rank wrote a result"):

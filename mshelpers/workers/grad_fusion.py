@@ -25,8 +25,10 @@ reducers compiled on their own and applied to a fixed tuple of tensors with the 
 Per round, in rotated order, each candidate runs `--block` steps (`--sync-block` sync calls), after one untimed
 call per graph before the first round; each call is synchronised with `.asnumpy()` and preceded by a 4-byte
 all-reduce barrier; the round's value is the median of its block. Then the all-reduce alone at `--sizes` (one
-graph per size, `--fit-repeats` calls): the rows an alpha-beta fit (`collectives.fit_alpha_beta`) takes, in the
-same launch, mode and threads as the steps.
+graph per size, compiled first; `--fit-rounds` sweeps over the sizes, `--fit-repeats` calls per size in each): the
+rows an alpha-beta fit (`collectives.fit_alpha_beta`) takes, in the same launch, mode and threads as the steps, each
+size's time its fastest sweep as `collectives.measure_collectives` gives it (the sync it is held against is read at
+its fastest round too).
 
 With MS_DEV_SAVE_GRAPHS_PATH set (`compiling.ir_dump_env(dir)` in msrun's env), each graph's final actor-set IR
 is moved, once compiled, to <that dir>/by_graph/rank_<r>/<name>/ and its AllReduce kernels are counted
@@ -60,12 +62,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fusion", default="context", help="how 'fused' fuses: bucket (explicit) or context (comm_fusion)")
     p.add_argument("--bucket-mb", type=float, default=32.0, help="bucket size in MiB (comm_fusion 'size' config)")
     p.add_argument("--sizes", default=",".join(map(str, DEFAULT_FIT_SIZES)), help="all-reduce sizes (bytes) to fit")
-    p.add_argument("--fit-repeats", type=int, default=5, help="timed calls per fit size")
+    p.add_argument("--fit-repeats", type=int, default=3, help="timed calls per fit size in each sweep")
+    p.add_argument("--fit-rounds", type=int, default=3, help="sweeps over the fit sizes (a size's time: its fastest)")
     p.add_argument("--threads", type=int, default=0, help="CPU kernel threads per rank (0: MindSpore's default)")
     p.add_argument("--device", default="CPU", help="CPU (the cookbook's machine) or Ascend (8 devices: HCCL)")
     a = p.parse_args(argv)
     for name, v, low in (("--rounds", a.rounds, 2), ("--block", a.block, 1), ("--sync-block", a.sync_block, 1),
-                         ("--fit-repeats", a.fit_repeats, 1),
+                         ("--fit-repeats", a.fit_repeats, 1), ("--fit-rounds", a.fit_rounds, 1),
                          ("--threads", a.threads, 0)):
         if v < low:
             raise ValueError(f"grad_fusion: {name}={v} is invalid; fix: pass an integer >= {low}")
@@ -119,21 +122,19 @@ def rotated(names, r: int) -> list:
 
 def merge_ranks(results: list[dict]) -> dict:
     """One record from every rank's result: per candidate and round the slowest rank's value (a synchronised
-    step ends when the last rank ends); the fit rows as `measure_collectives` gives them (slowest rank's median,
-    min and max over all calls); kernels, tensors and buckets from rank 0 (the same graph on every rank)."""
+    step ends when the last rank ends); the fit rows as `measure_collectives` gives them (`collectives.merge_rank_rows`:
+    per sweep the slowest rank's median, the fastest sweep as `seconds`, min and max over all calls); kernels, tensors
+    and buckets from rank 0 (the same graph on every rank)."""
+    from mshelpers.collectives import merge_rank_rows
+
     results = [r for r in results if r]
     if not results:
         raise ValueError("merge_ranks: no rank wrote a result; fix: read the workers' logs")
     r0 = results[0]
     times = {name: [max(r["times"][name][i] for r in results) for i in range(len(r0["times"][name]))]
              for name in r0["times"]}
-    fit_rows = []
-    for i, row in enumerate(r0["fit_rows"]):
-        mine = [r["fit_rows"][i] for r in results]
-        calls = [t for m in mine for t in m["times_s"]]
-        fit_rows.append({"op": "all_reduce", "bytes": row["bytes"], "seconds": max(m["median_s"] for m in mine),
-                         "ranks": len(results), "api": "ops.AllReduce (graph mode, one per graph)",
-                         "repeats": min(len(m["times_s"]) for m in mine), "min_s": min(calls), "max_s": max(calls)})
+    api = "ops.AllReduce (graph mode, one per graph)"
+    fit_rows = merge_rank_rows([[{"op": "all_reduce", "api": api, **row} for row in r["fit_rows"]] for r in results])
     keep = ("phases_s", "first_call_s", "world", "n_tensors", "grad_bytes", "tensor_bytes", "buckets", "fusion",
             "bucket_mb", "rounds", "block", "sync_block", "kernels", "ir_files", "losses", "threads")
     return {**{k: r0.get(k) for k in keep}, "times": times, "fit_rows": fit_rows,
@@ -325,7 +326,7 @@ def main(argv=None) -> None:
     for name in ("fused", "sync fused"):
         first(name)
     t_rounds = time.perf_counter()
-    total = args.rounds * len(names) + len(args.sizes)
+    total = args.rounds * len(names) + args.fit_rounds * len(args.sizes)
     done = 0
     times = {n: [] for n in names}
     orders = []
@@ -354,20 +355,29 @@ def main(argv=None) -> None:
 
     fit_rows = []
     t_fit = time.perf_counter()
+    fit_cells = []
     for nbytes_i in args.sizes:
         n = max(world, (nbytes_i // 4) // world * world)
         x, cell = ms.Tensor(np.ones((n,), np.float32)), One()
         barrier()
         cell(x).asnumpy()                                  # compile + warm-up, untimed
-        ts = []
-        for _ in range(args.fit_repeats):
-            barrier()
-            t0 = time.perf_counter()
-            cell(x).asnumpy()
-            ts.append(time.perf_counter() - t0)
-        fit_rows.append({"bytes": n * 4, "times_s": ts, "median_s": float(np.median(ts))})
-        done += 1
-        report_progress(done, total)
+        fit_cells.append((n * 4, x, cell))
+    sweeps = [[] for _ in fit_cells]                       # per size, one median per sweep
+    for _ in range(args.fit_rounds):                       # sweeps over all sizes: a slow spell hits one sweep
+        for k, (_, x, cell) in enumerate(fit_cells):
+            ts = []
+            for _ in range(args.fit_repeats):
+                barrier()
+                t0 = time.perf_counter()
+                cell(x).asnumpy()
+                ts.append(time.perf_counter() - t0)
+            sweeps[k].append(ts)
+            done += 1
+            report_progress(done, total)
+    for (nbytes_k, _, _), per in zip(fit_cells, sweeps):
+        calls = [t for ts in per for t in ts]
+        fit_rows.append({"bytes": nbytes_k, "times_s": calls, "median_s": float(np.median(calls)),
+                         "round_medians_s": [float(np.median(ts)) for ts in per]})
 
     t_end = time.perf_counter()
     # "buckets": the explicit plan's count; with --fusion context the pass decides: read "kernels" (the IR)
