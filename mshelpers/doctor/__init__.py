@@ -38,8 +38,8 @@ Copy the whole `doctor/` folder (with `memory_activations.py`, `memory_states.py
 memory, `peak.py` for the cpu profile).
 
 What the model leaves out: workspace and fragmentation in the memory pool (the reserve is HCCL's buffers only),
-kernel efficiency that varies with shape beyond the expert GEMMs' roofline (small TP shards), TP communication fused
-into the matmuls (mc2), fine_grain_interleave and micro_batch_interleave_num overlap, a trained router's imbalance
+kernel efficiency that varies with shape beyond the expert GEMMs' roofline (small TP shards), MC2 where nothing
+says it is on (Config.mc2: a 2.x file's parallelism.enable_mc2 or --mc2), fine_grain_interleave and micro_batch_interleave_num overlap, a trained router's imbalance
 (chance is assumed; --moe-imbalance gives one), data loading, host launch overhead, contention. It ranks layouts and says how far off it was on published configs; measure.
 """
 from __future__ import annotations

@@ -270,6 +270,26 @@ def gemm_intensity(rows: float, k: float, n: float, nbytes: int = 2) -> float:
     return 2 * rows * k * n / ((rows * k + k * n + rows * n) * nbytes)
 
 
+def mc2_exposed(comm_s: float, matmul_s: float, tiles: int) -> float:
+    """Exposed time of one TP collective fused with its matmul (MC2): both split into `tiles` pieces and
+    pipelined, each piece's communication under another piece's matmul (CANN's MC2 operators, "Matrix Computation
+    & Communication": the data is tiled so computing and communication run in parallel, Ascend C guide,
+    MC2 basics; MindSpeed docs/features/mc2.md: AllGather + MatMul and MatMul + ReduceScatter under sequence
+    parallel). A two-stage pipeline of n equal pieces takes max(c, m) + min(c, m) / n; what the matmul alone
+    would take is not exposed. `tiles`: the TP group's shards (one rank's shard per step), an assumption: the
+    operators' tile count is not published.
+
+        >>> mc2_exposed(1.0, 4.0, 4)      # communication shorter than the matmul: one piece of it shows
+        0.25
+        >>> mc2_exposed(4.0, 1.0, 4)      # longer: what outlasts the matmul, plus one piece of the matmul
+        3.25
+    """
+    if comm_s <= 0:
+        return 0.0
+    n = max(int(tiles), 1)
+    return max(comm_s, matmul_s) + min(comm_s, matmul_s) / n - matmul_s
+
+
 def routing_imbalance(m: Model, lay: Any, tokens_micro: float) -> float:
     """Load of the busiest EP rank over the mean, when the router is as balanced as chance: each of the EP group's
     slots lands on a rank with probability 1/ep, and the largest of ep such counts is about mean + sigma x
@@ -303,7 +323,8 @@ SCORE_PASSES = 12       # without flash attention, the s x s scores cross HBM: f
 def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     """The step decomposed (seconds per optimizer step on the bottleneck device) and what follows from it.
 
-    Keys: compute_s (attention_s and expert_s: the attention kernels' and routed experts' parts of it), attn_hbm_s (the score matrix through HBM without flash attention), tp_s, ep_s (MoE
+    Keys: compute_s (attention_s and expert_s: the attention kernels' and routed experts' parts of it), attn_hbm_s (the score matrix through HBM without flash attention), tp_s (tp_unfused_s: the same
+    without MC2; mc2: whether it was fused, Config.mc2 with sequence parallel), ep_s (MoE
     all-to-all), cp_s (context parallel), p2p_s, bubble_s, dp_s (exposed), dp_total_s, dp_hidden_s,
     optimizer_s, step_s (their sum), tokens_per_s_per_device, n_params, n_active_params, mfu_6n, mfu_attention,
     mfu_hardware, peak_flops, per_stage_s, bottleneck_stage, recompute_factor (hardware / model FLOPs: recompute
@@ -338,6 +359,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     ep_lat = topology.ring_link(hw, spans["EP"])[1]
     ids = stage_layer_ids(cfg)
     per_stage, comp, hbm, tps, eps, cps, p2ps = [], [], [], [], [], [], []
+    tps_unfused = []                    # TP as if nothing were fused (MC2 off), per stage
     comp_attn, comp_expert = [], []     # the attention kernels' and routed experts' shares of each stage's compute
     perms = []                          # MoE token permutation and router traffic (memory-bound), per stage
     extra_flops_total = 0.0             # what the hardware does beyond the model's FLOPs: recompute, padded slots
@@ -378,10 +400,30 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
             a = scores * (SCORE_PASSES * n + 4 * attn_layers_recomputed) / hw.hbm_bytes_per_s
         # each group's collectives (stage_collectives: how many, how many bytes) on the links the group crosses
         coll = stage_collectives(cfg, i)
-        t = e = x = p = 0.0
+        t = e = x = p = t_unfused = 0.0
         if "TP" in coll:
             k, nbytes, _ = coll["TP"]
-            t = k * ((lay.tp - 1) / lay.tp * nbytes / tp_bw * f_comm + tp_lat)
+            one = (lay.tp - 1) / lay.tp * nbytes / tp_bw * f_comm + tp_lat
+            t = t_unfused = k * one
+            if cfg.mc2 and lay.seq_parallel and n:
+                # MC2 sets each layer pass's all-gather / reduce-scatter beside a matmul: per layer 2 beside the
+                # attention's linears and 2 beside the MLP's, forward, backward and recompute alike; the 2 embedding
+                # passes stay apart. The forward fuses all-gather + matmul and matmul + reduce-scatter; the backward
+                # fuses the all-gather into the input-gradient matmul and runs the reduce-scatter under the weight
+                # gradient's (MindSpeed-LLM 1ea3922 modellink/core/tensor_parallel/ascend_turbo/
+                # mc2_linears_seq_parallel.py), each as long as a forward matmul. Each pass is set beside an equal
+                # share of its linears' forward time. A MoE model fuses its attention's only (MindSpeed-LLM
+                # docs/en/pytorch/features/mcore/mc2.md: under mcore the MLP of a MoE model does not use MC2).
+                lin_attn = sum(o["wq"] + o["wk"] + o["wv"] + o["wo"] for o in ops)
+                lin_mlp = sum(o["w1"] + o["w2"] + o["w3"] for o in ops)
+                fused = [(lin_attn, 4 * n + 2 * n_full)]       # forward and backward 2 per layer, 2 per recomputed one
+                if m.moe is None:
+                    fused.append((lin_mlp, 4 * n + 2 * n_full))
+                passes_fused = sum(c for _, c in fused)
+                t = (k - passes_fused) * one
+                for lin, count in fused:
+                    mm = tokens_micro * lin / lay.tp / rate / (2 * n)     # one pass's share of the forward linears
+                    t += count * mc2_exposed(one, mm, lay.tp)
         if "EP" in coll and spans["EP"]["size"] > 1:
             k, nbytes, kind = coll["EP"]
             if kind == "all_gather":
@@ -422,6 +464,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
                                                                hw.devices_per_node))
                 p += k / 2 * (nbytes / bw * f_comm + lat)
         comp.append(c), hbm.append(a), tps.append(t), eps.append(e), cps.append(x), p2ps.append(p)
+        tps_unfused.append(t_unfused)
         per_stage.append(c + a + t + e + x + p + perms[-1])
     b = max(range(lay.pp), key=lambda k: per_stage[k])
     nm = lay.n_micro
@@ -472,7 +515,8 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     group_rows = [{"group": k, "size": sp["size"], "span": sp["span"], "nodes": sp["nodes"], "link": sp["link"],
                    "time_s": times[k]} for k, sp in spans.items() if m.moe is not None or k not in ("EP", "EDP")]
     return {"compute_s": compute_s, "attention_s": nm * comp_attn[b], "expert_s": nm * comp_expert[b],
-            "attn_hbm_s": attn_hbm_s, "moe_permute_s": perm_s, "moe_imbalance": imbalance, "tp_s": tp_s, "ep_s": ep_s, "cp_s": cp_s,
+            "attn_hbm_s": attn_hbm_s, "moe_permute_s": perm_s, "moe_imbalance": imbalance, "tp_s": tp_s,
+            "tp_unfused_s": nm * tps_unfused[b], "mc2": bool(cfg.mc2 and lay.seq_parallel), "ep_s": ep_s, "cp_s": cp_s,
             "p2p_s": p2p_s, "bubble_s": bubble_s, "dp_s": dp_s, "dp_total_s": dp_total,
             "dp_hidden_s": dp_total - dp_s, "optimizer_s": optimizer_s,
             "step_s": step, "tokens_per_s_per_device": tps_dev, "n_params": param_count(m),

@@ -213,6 +213,7 @@ class Config:
     release: tuple = ()             # the mindformers release the file runs on, when given (read_config(release=))
     key_flags: tuple = field(default=(), compare=False)   # unknown keys and missing sections (keys.key_flags)
     hccl_reserve: bool = False      # keep HCCL's buffers free inside the budget (cost.memory_reserve; Ascend only)
+    mc2: bool = False               # parallelism.enable_mc2 (2.x): TP's collectives fused into their matmuls (cost.mc2_exposed)
     # The file's own switches, as it sets them, where the Layout shows only their effect: use_seq_parallel (on
     # only with tp > 1), enable_parallel_optimizer (on only with dp x cp > 1), and the recompute entries
     # (recompute, select_recompute; a 2.x file's recompute section) its stage split resolved. variants.layout_variant

@@ -18,8 +18,11 @@ from .search import as_shipped_limit, better_layouts, layout_answers, layout_nam
 
 def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: int | None = None,
              budget: Any = None, calib: Calibration = CALIBRATION, search: bool = True,
-             model_config: Any = None, release: Any = None, moe_imbalance: Any = None) -> dict[str, Any]:
-    """Everything the CLI prints, as a dict: config, memory, step terms, MFU, layouts, verdict. `release`: the
+             model_config: Any = None, release: Any = None, moe_imbalance: Any = None,
+             mc2: bool = False) -> dict[str, Any]:
+    """Everything the CLI prints, as a dict: config, memory, step terms, MFU, layouts, verdict. `mc2`: TP's
+    collectives fused into their matmuls (MC2) though the file cannot say so (a static-graph file has no key; a
+    2.x file's parallelism.enable_mc2 already does). `release`: the
     mindformers release the file runs on (read_config's), None for the newest. `devices` other than the file's
     own count: the file's layout cannot run there, so the figures are the fastest layout that fits on `devices`
     (same model and global batch), and the verdict says so.
@@ -35,6 +38,10 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
         if cfg.model.moe is None:
             raise DoctorError("--moe-imbalance", moe_imbalance, "leave it out: the model has no MoE layers")
         cfg = replace(cfg, model=replace(cfg.model, moe=replace(cfg.model.moe, imbalance=float(moe_imbalance))))
+    if mc2 not in (True, False):
+        raise DoctorError("--mc2", mc2, "True or False")
+    if mc2:
+        cfg = replace(cfg, mc2=True)
     if cfg.budget_bytes is None:
         cfg = replace(cfg, budget_bytes=int(hw.memory_bytes))
     cfg = with_reserve(cfg, hw)
@@ -341,6 +348,9 @@ def render_text(r: dict) -> str:
         elif k == "dp_s":
             label = (f"DP gradient reduction, exposed ({st['dp_total_s']:.3f} s total, {st['dp_hidden_s']:.3f} s "
                      "hidden behind compute)")
+        elif k == "tp_s" and st.get("mc2"):
+            label = (f"TP/SP collectives, exposed under MC2 (fused into their matmuls; {st['tp_unfused_s']:.3f} s "
+                     "unfused)")
         elif k == "bubble_s":
             label = f"pipeline bubble (1F1B fill/drain{', / VPP ' + str(lay.vpp) if lay.vpp > 1 else ''})"
         L.append(f"| {label} | {st[k]:.3f} | {st[k] / st['step_s']:.1%} |")

@@ -29,7 +29,7 @@ def heldout_dir() -> str:
 
 
 def heldout_runs() -> list[dict]:
-    """runs.json: file, model, family, moe, seq, devices, hw, tokens_s_p (or mfu), source, note.
+    """runs.json: file, model, family, moe, seq, devices, hw, mc2, tokens_s_p (or mfu), source, note.
     Taught in notebooks/12_your_config.ipynb."""
     with open(os.path.join(heldout_dir(), "runs.json")) as f:
         return json.load(f)
@@ -40,6 +40,8 @@ def price(run: dict, calib=CALIBRATION) -> dict:
     Taught in: no notebook; doctor/__init__.py calls it."""
     hw = hardware(run["hw"])
     cfg = read_config(os.path.join(heldout_dir(), run["file"]))
+    if run.get("mc2"):          # the measured run fused TP's collectives into its matmuls (runs.json says where)
+        cfg = replace(cfg, mc2=True)
     if cfg.budget_bytes is None:
         cfg = replace(cfg, budget_bytes=int(hw.memory_bytes))
     cfg = with_reserve(cfg, hw)

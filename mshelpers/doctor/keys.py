@@ -35,7 +35,8 @@ PRICED: dict[str, frozenset] = {
     "training": frozenset({"local_batch_size", "global_batch_size"}),
     "parallelism": frozenset({"tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel",
                               "pipeline_parallel_interleave_num", "data_parallel_shard", "data_parallel_shard_strategy",
-                              "sequence_parallel", "context_parallel_method", "pipeline_parallel_layers_per_stage"}),
+                              "sequence_parallel", "context_parallel_method", "pipeline_parallel_layers_per_stage",
+                              "enable_mc2"}),
     "recompute": frozenset({"mode", "full_recompute_layer", "select_module"}),
     "swap": frozenset({"enable"}),
 }
@@ -79,7 +80,7 @@ NOT_PRICED: dict[str, frozenset] = {
                               "context_parallel_mask_type", "pipeline_parallel_schedule",
                               "pipeline_parallel_microbatch_size", "pipeline_parallel_overlap_p2p",
                               "pipeline_parallel_overlap_b_f", "pipeline_parallel_enable_dxdw_split",
-                              "pipeline_parallel_p2p_transport", "enable_mc2", "enable_loss_parallel",
+                              "pipeline_parallel_p2p_transport", "enable_loss_parallel",
                               "npu_nums_per_device", "moe_token_dispatcher_type", "expert_parallel_async_d2h",
                               "expert_parallel_use_safe_tokens"}),
     "recompute": frozenset({"exclude_op"}),

@@ -489,8 +489,14 @@ def _pynative(d: dict, budget: Any, model_config: Any, devices: int | None) -> C
                     state_bytes=8, schedule="interleaved" if vpp > 1 else "1f1b")
     ctx = _section(d, "context")
     asked = {"use_seq_parallel": _flag(par, "sequence_parallel", False, "parallelism"), "recompute": rc}
+    # MC2 (TP's all-gather / reduce-scatter fused into their matmuls) pipelines the sequence-parallel pair: priced
+    # with tp > 1 and sequence parallel on (cost.mc2_exposed); a static-graph file has no key for it
+    mc2 = _flag(par, "enable_mc2", False, "parallelism")
+    if mc2 and not layout.seq_parallel:
+        notes.append("parallelism.enable_mc2 is on, but MC2 fuses the sequence-parallel all-gather and reduce-scatter "
+                     "and this layout has none (tensor_parallel 1 or sequence_parallel off): TP priced unfused")
     return checked(Config(model=m, layout=layout, budget_bytes=_budget(budget, ctx, "59GB"), dialect="pynative",
-                           raw=d, notes=tuple(notes), model_config=model_config, asked=asked))
+                           raw=d, notes=tuple(notes), model_config=model_config, asked=asked, mc2=mc2))
 
 
 def load_yaml(path_or_dict: Any) -> dict:
