@@ -162,6 +162,7 @@ def merge_rank_rows(per_rank: Sequence[Sequence[dict]]) -> list[dict]:
     """One row per (op, size) from every rank's rows (same order on every rank): per round the slowest rank's
     median, and as `seconds` the fastest of those rounds. Each rank's row: op, bytes, times_s, median_s and
     round_medians_s (or an error); workers/grad_fusion.py's fit rows are merged by it too.
+    Taught in notebooks/04_data_parallel.ipynb (section 2's sweeps and section 5's fit sizes).
 
         >>> r0 = {"op": "all_reduce", "bytes": 8, "times_s": [1.0, 3.0], "median_s": 2.0, "round_medians_s": [1.0, 3.0]}
         >>> r1 = {"op": "all_reduce", "bytes": 8, "times_s": [2.0, 2.0], "median_s": 2.0, "round_medians_s": [2.0, 2.0]}

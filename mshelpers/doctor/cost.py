@@ -278,6 +278,7 @@ def mc2_exposed(comm_s: float, matmul_s: float, tiles: int) -> float:
     parallel). A two-stage pipeline of n equal pieces takes max(c, m) + min(c, m) / n; what the matmul alone
     would take is not exposed. `tiles`: the TP group's shards (one rank's shard per step), an assumption: the
     operators' tile count is not published.
+    Taught in: no notebook; doctor/cost.py's step_time calls it (notebook 12 names it).
 
         >>> mc2_exposed(1.0, 4.0, 4)      # communication shorter than the matmul: one piece of it shows
         0.25
