@@ -38,7 +38,7 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
         if cfg.model.moe is None:
             raise DoctorError("--moe-imbalance", moe_imbalance, "leave it out: the model has no MoE layers")
         cfg = replace(cfg, model=replace(cfg.model, moe=replace(cfg.model.moe, imbalance=float(moe_imbalance))))
-    if mc2 not in (True, False):
+    if not isinstance(mc2, bool):          # 1 == True: a membership test would let 1 and 0 through
         raise DoctorError("--mc2", mc2, "True or False")
     if mc2:
         cfg = replace(cfg, mc2=True)

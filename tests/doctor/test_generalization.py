@@ -262,6 +262,8 @@ def test_a_2x_file_says_mc2_and_the_cli_flag_says_it_for_a_static_file(tmp_path,
     assert "under MC2" not in capsys.readouterr().out
     with pytest.raises(D.DoctorError, match="--mc2"):
         D.diagnose(static, "atlas-900-a2-podc", search=False, mc2="yes")
+    with pytest.raises(D.DoctorError, match="--mc2"):
+        D.diagnose(static, "atlas-900-a2-podc", search=False, mc2=1)
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), True, "0.3"])
