@@ -285,9 +285,15 @@ def mc2_exposed(comm_s: float, matmul_s: float, tiles: int) -> float:
         >>> mc2_exposed(4.0, 1.0, 4)      # longer: what outlasts the matmul, plus one piece of the matmul
         3.25
     """
-    if comm_s <= 0:
+    for name, v in (("comm_s", comm_s), ("matmul_s", matmul_s)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"mc2_exposed: {name}={v!r} is invalid; fix: a finite number of seconds, 0 or more")
+    if isinstance(tiles, bool) or not isinstance(tiles, int) or tiles < 1:
+        raise ValueError(f"mc2_exposed: tiles={tiles!r} is invalid; fix: a whole number of pieces, 1 or more "
+                         "(the TP group's size)")
+    if comm_s == 0:
         return 0.0
-    n = max(int(tiles), 1)
+    n = tiles
     return max(comm_s, matmul_s) + min(comm_s, matmul_s) / n - matmul_s
 
 
@@ -352,6 +358,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
         rate_expert = min(rate_expert, gemm_intensity(rows, m.hidden, m.moe.expert_ffn / lay.tp) * hw.hbm_bytes_per_s)
         imbalance = routing_imbalance(m, lay, tokens_micro)
     work_attn = attention_work(m)
+    fuse_tp = bool(cfg.mc2 and lay.seq_parallel)      # MC2 pipelines the sequence-parallel pair (mc2_exposed)
     f_comm = calib.comm_time_factor
     spans = {k: topology.span(v, hw.devices_per_node) for k, v in topology.groups(lay, cfg.dialect).items()}
     tp_bw, tp_lat = topology.ring_link(hw, spans["TP"])
@@ -406,7 +413,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
             k, nbytes, _ = coll["TP"]
             one = (lay.tp - 1) / lay.tp * nbytes / tp_bw * f_comm + tp_lat
             t = t_unfused = k * one
-            if cfg.mc2 and lay.seq_parallel and n:
+            if fuse_tp and n:
                 # MC2 sets each layer pass's all-gather / reduce-scatter beside a matmul: per layer 2 beside the
                 # attention's linears and 2 beside the MLP's, forward, backward and recompute alike; the 2 embedding
                 # passes stay apart. The forward fuses all-gather + matmul and matmul + reduce-scatter; the backward
@@ -517,7 +524,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
                    "time_s": times[k]} for k, sp in spans.items() if m.moe is not None or k not in ("EP", "EDP")]
     return {"compute_s": compute_s, "attention_s": nm * comp_attn[b], "expert_s": nm * comp_expert[b],
             "attn_hbm_s": attn_hbm_s, "moe_permute_s": perm_s, "moe_imbalance": imbalance, "tp_s": tp_s,
-            "tp_unfused_s": nm * tps_unfused[b], "mc2": bool(cfg.mc2 and lay.seq_parallel), "ep_s": ep_s, "cp_s": cp_s,
+            "tp_unfused_s": nm * tps_unfused[b], "mc2": fuse_tp, "ep_s": ep_s, "cp_s": cp_s,
             "p2p_s": p2p_s, "bubble_s": bubble_s, "dp_s": dp_s, "dp_total_s": dp_total,
             "dp_hidden_s": dp_total - dp_s, "optimizer_s": optimizer_s,
             "step_s": step, "tokens_per_s_per_device": tps_dev, "n_params": param_count(m),

@@ -40,8 +40,13 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
         cfg = replace(cfg, model=replace(cfg.model, moe=replace(cfg.model.moe, imbalance=float(moe_imbalance))))
     if not isinstance(mc2, bool):          # 1 == True: a membership test would let 1 and 0 through
         raise DoctorError("--mc2", mc2, "True or False")
-    if mc2:
+    if mc2 and not cfg.mc2:                 # a 2.x file that says enable_mc2 has its own note from the reader
         cfg = replace(cfg, mc2=True)
+        if not (cfg.layout.seq_parallel and cfg.layout.tp > 1):
+            cfg = replace(cfg, notes=cfg.notes + (
+                f"--mc2: MC2 fuses the sequence-parallel all-gather and reduce-scatter, and this layout has none "
+                f"(tensor parallel {cfg.layout.tp}, sequence parallel {'on' if cfg.layout.seq_parallel else 'off'}): "
+                "TP priced unfused",))
     if cfg.budget_bytes is None:
         cfg = replace(cfg, budget_bytes=int(hw.memory_bytes))
     cfg = with_reserve(cfg, hw)

@@ -13,6 +13,7 @@ import yaml
 
 from mshelpers import doctor as D
 from mshelpers.doctor import calibration as C
+from mshelpers.doctor import cost
 from mshelpers.doctor.describe import EXPECTED_ERROR
 
 DATA = Path(__file__).parents[1] / "data" / "mindformers"
@@ -264,6 +265,26 @@ def test_a_2x_file_says_mc2_and_the_cli_flag_says_it_for_a_static_file(tmp_path,
         D.diagnose(static, "atlas-900-a2-podc", search=False, mc2="yes")
     with pytest.raises(D.DoctorError, match="--mc2"):
         D.diagnose(static, "atlas-900-a2-podc", search=False, mc2=1)
+
+
+def test_the_cli_flag_on_a_layout_without_sequence_parallel_says_tp_is_priced_unfused(capsys):
+    """--mc2 on a static file whose layout has no sequence-parallel pair (tp 1 here): priced as without the flag,
+    and the report says why, as the 2.x reader's note does for enable_mc2."""
+    static = str(HELD / "llama2_7b_4k.yaml")
+    on = D.diagnose(static, "atlas-900-a2-podc", search=False, mc2=True)
+    off = D.diagnose(static, "atlas-900-a2-podc", search=False)
+    assert on["step"]["tp_s"] == off["step"]["tp_s"] and not on["step"]["mc2"]
+    assert [n for n in on["config"].notes if n.startswith("--mc2:")] and not [n for n in off["config"].notes if "--mc2" in n]
+    assert D.main([static, "--hardware", "atlas-900-a2-podc", "--no-search", "--mc2"]) == 0
+    assert "TP priced unfused" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [(-1.0, 1.0, 4), (1.0, float("nan"), 4), (1.0, 1.0, 0), (1.0, 1.0, 2.5),
+                                  (True, 1.0, 4), ("1", 1.0, 4), (1.0, 1.0, True)])
+def test_mc2_exposed_refuses_bad_input_in_one_line(args):
+    with pytest.raises(ValueError) as e:
+        cost.mc2_exposed(*args)
+    assert "fix:" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), True, "0.3"])
