@@ -244,15 +244,21 @@ def expert_matmul_flops(m: Model, i: int) -> float:
 
 
 def attention_work(m: Model) -> float:
-    """The attention kernels' work relative to causal attention over the whole sequence (the count every FLOP
-    convention here uses): 1 without a window; with a sliding window w each query sees at most w keys, s*w - w^2/2
-    pairs against s^2/2 (Mistral 7B, Jiang et al. 2023, section 2: window 4096). Time only: MFU columns count as
-    their sources count.
+    """The attention kernels' work relative to the FLOP count (every query against every key: s^2 pairs, PaLM's
+    count, which every MFU convention here keeps). Flash attention told the mask is causal skips the blocks
+    above the diagonal: about half the pairs (Ascend FlashAttentionScore: sparse_mode 2/3, or sparse_mode 0 with
+    next_tokens 0 and pre_tokens >= Sq, "a causal sparse scenario"; mindformers passes next_tokens=0 in 1.9's
+    llama_transformer.py and 2.1.0's parallel_core flash_attention.py, MindSpeed sparse_mode 3/4). With a sliding
+    window w each query sees at most w keys: s*w - w^2/2 pairs (Mistral 7B, Jiang et al. 2023, section 2).
+    Without flash attention the scores are two batched matmuls over every pair, masked after: 1. Time only: MFU
+    columns count as their sources count.
     Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
-    if not m.window or m.window >= m.seq:
+    if not m.flash:
         return 1.0
+    if not m.window or m.window >= m.seq:
+        return 0.5
     r = m.window / m.seq
-    return 2 * r - r * r
+    return r - r * r / 2
 
 
 def expert_rows(m: Model, lay: Any, tokens_micro: float) -> float:
@@ -334,7 +340,8 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     without MC2; mc2: whether it was fused, Config.mc2 with sequence parallel), ep_s (MoE
     all-to-all), cp_s (context parallel), p2p_s, bubble_s, dp_s (exposed), dp_total_s, dp_hidden_s,
     optimizer_s, step_s (their sum), tokens_per_s_per_device, n_params, n_active_params, mfu_6n, mfu_attention,
-    mfu_hardware, peak_flops, per_stage_s, bottleneck_stage, recompute_factor (hardware / model FLOPs: recompute
+    mfu_hardware, mfu_computed (the FLOPs the kernels compute: hardware FLOPs with attention at the pairs flash
+    attention computes, attention_work; never above the matmul rate), peak_flops, per_stage_s, bottleneck_stage, recompute_factor (hardware / model FLOPs: recompute
     and MoE capacity padding), global_batch, micro_batches, moe_capacity_padding (MoE.slots() / top_k; 1.0 for
     dense and dropless models), groups (each communication group: size, span, nodes, link, time_s).
 
@@ -347,9 +354,11 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     tokens_micro = lay.batch * lay.interleave * m.seq / lay.cp     # tokens of one micro-batch on one device
     peak = hw.peak(lay.compute_dtype)
     rate = _rate(peak, calib, m.hidden / lay.tp)
-    # a head dim wider than 128 raises the kernels' rate (head_dim_factor > 1), but no kernel outruns the matmul
-    # rate it is a share of: at MLA's 512 it would reach 1.4x the datasheet peak (DeepSeek-V4 Flash)
-    rate_attn = rate * min(1.0, calib.attention_efficiency * head_dim_factor(m, calib))
+    # a head dim wider than 128 raises the kernels' rate (head_dim_factor > 1), but no kernel outruns the matmul rate
+    # it is a share of, on the pairs it computes (attention_work: causal skips half): at MLA's 512 (DeepSeek-V4
+    # Flash) the fitted curve would reach 1.13x it
+    # without flash attention QK^T and PV are plain batched matmuls at the matmuls' rate (their HBM traffic apart)
+    rate_attn = rate * min(1.0, calib.attention_efficiency * head_dim_factor(m, calib)) if m.flash else rate
     rate_expert = _rate(peak, calib, m.moe.expert_ffn / lay.tp) if m.moe is not None else rate
     imbalance = 1.0
     if m.moe is not None:
@@ -371,6 +380,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     comp_attn, comp_expert = [], []     # the attention kernels' and routed experts' shares of each stage's compute
     perms = []                          # MoE token permutation and router traffic (memory-bound), per stage
     extra_flops_total = 0.0             # what the hardware does beyond the model's FLOPs: recompute, padded slots
+    extra_attn_total = 0.0              # of which recomputed attention (counted as every pair; computed: attention_work)
     for i in range(lay.pp):
         ops = [layer_ops(m, j) for j in ids[i]]
         pads = [capacity_padding_flops(m, j) for j in ids[i]]
@@ -396,6 +406,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
         flops_attn = tokens_micro * (3 * attn + rec_attn) / lay.tp
         flops_expert = tokens_micro * (3 * sum(experts) + rec_expert) / lay.tp
         extra_flops_total += tokens_micro * rec * lay.dp * lay.cp + tokens_micro * 3 * sum(pads) * lay.dp * lay.cp
+        extra_attn_total += tokens_micro * rec_attn * lay.dp * lay.cp
         comp_attn.append(flops_attn * work_attn / rate_attn)
         comp_expert.append(flops_expert * imbalance / rate_expert)
         c = (flops - flops_attn - flops_expert) / rate + comp_attn[-1] + comp_expert[-1]
@@ -519,6 +530,9 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     # hardware FLOPs = the model's (PaLM's count) + the work recompute and capacity padding add, as the step
     # above charges it: never below the model FLOPs, and equal to them with neither
     hw_per_token = f["palm"] + extra_flops_total * nm / tokens
+    # what the kernels compute: the same, with attention at the pairs flash attention computes (attention_work)
+    attn_counted = f["palm"] - f["6n"] + extra_attn_total * nm / tokens
+    computed_per_token = hw_per_token - (1 - work_attn) * attn_counted
     times = {"TP": tp_s, "CP": cp_s, "EP": ep_s, "PP": p2p_s, "DP": 2 * one_dense, "EDP": 2 * one_expert}
     group_rows = [{"group": k, "size": sp["size"], "span": sp["span"], "nodes": sp["nodes"], "link": sp["link"],
                    "time_s": times[k]} for k, sp in spans.items() if m.moe is not None or k not in ("EP", "EDP")]
@@ -530,7 +544,8 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
             "step_s": step, "tokens_per_s_per_device": tps_dev, "n_params": param_count(m),
             "n_active_params": param_count(m, active=True),
             "mfu_6n": f["6n"] * tps_dev / peak, "mfu_attention": f["palm"] * tps_dev / peak,
-            "mfu_hardware": hw_per_token * tps_dev / peak, "peak_flops": peak,
+            "mfu_hardware": hw_per_token * tps_dev / peak, "mfu_computed": computed_per_token * tps_dev / peak,
+            "peak_flops": peak,
             "per_stage_s": per_stage, "per_stage_p2p_s": p2ps, "bottleneck_stage": b, "recompute_factor": hw_per_token / f["palm"],
             "global_batch": lay.global_batch, "micro_batches": nm,
             "moe_capacity_padding": m.moe.slots() / m.moe.top_k if m.moe is not None else 1.0,

@@ -174,8 +174,8 @@ class Calibration:
     fitted_on: tuple = ()
     half_width: float = 0.0              # per-device matmul width at which matmuls reach half their rate; no fit
                                          # point (README: the two rows that would set it pull it apart): 0, no effect
-    attention_efficiency: float = 1.0    # attention's rate relative to the matmuls' (flash attention kernels), at
-                                         # head dim 128
+    attention_efficiency: float = 1.0    # flash attention's rate on the pairs it computes (causal: half of s^2,
+                                         # cost.attention_work) relative to the matmuls', at head dim 128
     head_dim_half: float = 0.0           # the attention kernels' rate falls with the head dim d (the contraction of
                                          # QK^T) as d / (d + head_dim_half), taken relative to d = 128: their vector
                                          # work per score (max, exp, sum) is the same at any d. 0: no effect
@@ -191,11 +191,11 @@ class Calibration:
 # compares). Kept here, in the vocabulary every room imports, so cost.py needs no import of calibration.py.
 FIT_FILES = tuple(p["file"] for p in PUBLISHED if p["role"] == "fit")
 CALIBRATION = Calibration(compute_efficiency=0.6252, comm_time_factor=2.5241, fitted_on=FIT_FILES,
-                          half_width=0.0, attention_efficiency=0.8157, head_dim_half=734.5)
+                          half_width=0.0, attention_efficiency=0.4078, head_dim_half=734.5)
 # The error a user should expect, dense and MoE apart: calibration.lofo_summary(leave_one_family_out()) on
 # mindformers' cards, r1.2.0 on (each family predicted by a fit that never saw it; tests/doctor/test_api.py
 # recomputes it). median: over every held-out row; p80: 4 in 5 rows within it.
-EXPECTED_ERROR = {"dense": {"median_abs_error": 0.075, "p80_abs_error": 0.201, "rows": 74, "families": 17},
+EXPECTED_ERROR = {"dense": {"median_abs_error": 0.083, "p80_abs_error": 0.201, "rows": 74, "families": 17},
                   "moe": {"median_abs_error": 0.064, "p80_abs_error": 0.139, "rows": 4, "families": 4}}
 
 

@@ -408,7 +408,8 @@ def render_text(r: dict) -> str:
     L += ["## Where the figures come from", "",
           f"- calibration: compute efficiency {cal.compute_efficiency:.4f} of peak"
           + (f", halved at a per-device width h/tp of {cal.half_width:.0f}" if cal.half_width else "") + "; attention at "
-          f"{cal.attention_efficiency:.2f} of the matmul rate at head dim 128, scaled by d / (d + "
+          f"{cal.attention_efficiency:.2f} of the matmul rate on the score pairs flash attention computes (causal: "
+          f"half of s^2) at head dim 128, scaled by d / (d + "
           f"{cal.head_dim_half:.0f}) relative to 128 (the kernels' vector work per score is the same at any head dim "
           f"d); comm time "
           f"factor {cal.comm_time_factor:.3f} (exposed collective time / datasheet link time); "

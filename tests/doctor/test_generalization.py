@@ -104,6 +104,27 @@ def test_a_sliding_window_prices_the_pairs_it_attends_and_leaves_mfu_counting_as
         b["mfu_attention"] / b["tokens_per_s_per_device"])              # the FLOP count per token is unchanged
 
 
+def test_causal_flash_attention_computes_half_the_pairs_it_counts_and_no_faster_than_the_matmuls():
+    """Flash attention under a causal mask skips the blocks above the diagonal (mindformers passes next_tokens=0:
+    Ascend's "causal sparse scenario"): half of the s^2 pairs every FLOP convention counts. The fitted rate is on
+    the pairs computed, so the cap (the matmul rate) binds on that work; without flash attention every pair is two
+    batched matmuls at the matmuls' rate. The MFU columns count as their sources count."""
+    c = D.read_config(HELD / "qwen2_7b_32k.yaml")
+    m = c.model
+    assert m.flash and D.cost.attention_work(m) == 0.5
+    assert D.cost.attention_work(dataclasses.replace(m, flash=False)) == 1.0
+    st = D.step_time(c, A2)
+    ops = D.cost.layer_ops(m, 0)
+    lay = c.layout
+    n = lay.stage_layers[st["bottleneck_stage"]]          # the bottleneck stage's layers (no recompute here)
+    counted = st["micro_batches"] * lay.batch * m.seq / lay.cp * 3 * ops["attention"] * n / lay.tp
+    rate = D.cost._rate(A2.peak(lay.compute_dtype), D.CALIBRATION, m.hidden / lay.tp)
+    assert st["attention_s"] == pytest.approx(counted * 0.5 / (rate * D.CALIBRATION.attention_efficiency), rel=1e-6)
+    fast = dataclasses.replace(D.CALIBRATION, attention_efficiency=3.0)        # capped at the matmul rate
+    assert D.step_time(c, A2, fast)["attention_s"] == pytest.approx(counted * 0.5 / rate, rel=1e-6)
+    assert st["mfu_computed"] < st["mfu_hardware"] == st["mfu_attention"]
+
+
 def test_ring_context_parallel_exposes_only_the_send_that_outlasts_a_block():
     c = D.read_config(HELD / "llama31_8b_128k_cp4.yaml")
     st = D.step_time(c, A2)
