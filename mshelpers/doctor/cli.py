@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                     "over the mean, minus 1 (e.g. 0.3 for a router 30%% uneven; default: as balanced as chance)")
     ap.add_argument("--mc2", action="store_true", help="TP's all-gather / reduce-scatter fused into their matmuls "
                     "(MC2; a static-graph file has no key for it, a 2.x file says parallelism.enable_mc2)")
+    ap.add_argument("--doc-len", type=int, default=None, help="packed documents' mean length in tokens, where the file "
+                    "confines attention to them (use_eod_attn_mask_compression; default: one per sequence)")
     ap.add_argument("--log", default=None, help="a mindformers training log or the cookbook's metrics.csv of this run")
     ap.add_argument("--refit", action="store_true", help="with --log: re-fit the compute efficiency on that run")
     ap.add_argument("--out", default=None, help="a folder to write improved.yaml (the file with the best layout's "
@@ -182,13 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         if a.refit and not a.log:
             raise DoctorError("--refit", True, "give --log FILE (the run to re-fit on)")
         r = diagnose(a.config, a.hardware, a.devices, a.budget, search=not a.no_search, model_config=a.model_config,
-                     release=a.release, moe_imbalance=a.moe_imbalance, mc2=a.mc2)
+                     release=a.release, moe_imbalance=a.moe_imbalance, mc2=a.mc2, doc_len=a.doc_len)
         if a.log:
             lg = measured_run(r, a.log, refit=a.refit)
             if a.refit:     # everything the report says from here on is priced with the refitted calibration
                 r = diagnose(a.config, a.hardware, a.devices, a.budget, calib=lg["refit_calibration"],
                              search=not a.no_search, model_config=a.model_config, release=a.release,
-                             moe_imbalance=a.moe_imbalance, mc2=a.mc2)
+                             moe_imbalance=a.moe_imbalance, mc2=a.mc2, doc_len=a.doc_len)
             r["log"] = lg
         text = render_text(r)
         paths = None

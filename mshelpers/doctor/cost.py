@@ -243,22 +243,27 @@ def expert_matmul_flops(m: Model, i: int) -> float:
     return m.moe.top_k * 3 * 2 * m.hidden * m.moe.expert_ffn
 
 
-def attention_work(m: Model) -> float:
+def attention_work(m: Model, ring: bool = False) -> float:
     """The attention kernels' work relative to the FLOP count (every query against every key: s^2 pairs, PaLM's
     count, which every MFU convention here keeps). Flash attention told the mask is causal skips the blocks
     above the diagonal: about half the pairs (Ascend FlashAttentionScore: sparse_mode 2/3, or sparse_mode 0 with
     next_tokens 0 and pre_tokens >= Sq, "a causal sparse scenario"; mindformers passes next_tokens=0 in 1.9's
     llama_transformer.py and 2.1.0's parallel_core flash_attention.py, MindSpeed sparse_mode 3/4). With a sliding
     window w each query sees at most w keys: s*w - w^2/2 pairs (Mistral 7B, Jiang et al. 2023, section 2).
+    Packed documents with EOD masks (Model.eod, flash attention's TND layout; mindformers drops them under ring
+    attention, so the caller passes ring=True there) attend within each document: documents of doc_len tokens give
+    s / doc_len blocks of doc_len^2 / 2 pairs, s * doc_len / 2 in all (with no doc_len, one document per sequence).
     Without flash attention the scores are two batched matmuls over every pair, masked after: 1. Time only: MFU
     columns count as their sources count.
     Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
     if not m.flash:
         return 1.0
-    if not m.window or m.window >= m.seq:
-        return 0.5
-    r = m.window / m.seq
-    return r - r * r / 2
+    span = m.seq                                        # the stretch of tokens a query can see into
+    if m.eod and m.doc_len and not ring:
+        span = min(m.doc_len, m.seq)
+    w = m.window if m.window and m.window < span else span
+    # per span: span*w - w^2/2 pairs (w = span: span^2/2), s / span spans, against s^2
+    return (span * w - w * w / 2) / (span * m.seq)
 
 
 def expert_rows(m: Model, lay: Any, tokens_micro: float) -> float:
@@ -366,7 +371,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
         rows = expert_rows(m, lay, tokens_micro)
         rate_expert = min(rate_expert, gemm_intensity(rows, m.hidden, m.moe.expert_ffn / lay.tp) * hw.hbm_bytes_per_s)
         imbalance = routing_imbalance(m, lay, tokens_micro)
-    work_attn = attention_work(m)
+    work_attn = attention_work(m, ring=lay.cp > 1 and lay.cp_kind == "ring")
     fuse_tp = bool(cfg.mc2 and lay.seq_parallel)      # MC2 pipelines the sequence-parallel pair (mc2_exposed)
     f_comm = calib.comm_time_factor
     spans = {k: topology.span(v, hw.devices_per_node) for k, v in topology.groups(lay, cfg.dialect).items()}

@@ -83,6 +83,10 @@ class Model:
     flash: bool = True
     qkv_bias: bool = False
     window: int = 0                 # sliding-window attention: each token attends to the last `window` (0: all)
+    eod: bool = False               # attention confined to each packed document (use_eod_attn_mask_compression, or
+                                    # the dataset's create_compressed_eod_mask); not under ring attention
+    doc_len: int = 0                # the documents' mean length in tokens (--doc-len; 0: not given, priced as one
+                                    # document per sequence, the most pairs)
     # the GPT-style switches (mshelpers.memory.estimate prices a RunConfig or any model through this Model; the
     # readers leave them at LLaMA's values)
     block: str = "llama"            # the activation count: "llama" (mindformers' LLaMA block) or "gpt" (Korthikanti's

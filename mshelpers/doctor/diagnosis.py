@@ -19,10 +19,12 @@ from .search import as_shipped_limit, better_layouts, layout_answers, layout_nam
 def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: int | None = None,
              budget: Any = None, calib: Calibration = CALIBRATION, search: bool = True,
              model_config: Any = None, release: Any = None, moe_imbalance: Any = None,
-             mc2: bool = False) -> dict[str, Any]:
+             mc2: bool = False, doc_len: Any = None) -> dict[str, Any]:
     """Everything the CLI prints, as a dict: config, memory, step terms, MFU, layouts, verdict. `mc2`: TP's
     collectives fused into their matmuls (MC2) though the file cannot say so (a static-graph file has no key; a
-    2.x file's parallelism.enable_mc2 already does). `release`: the
+    2.x file's parallelism.enable_mc2 already does). `doc_len`: the packed documents' mean length in tokens,
+    when the file confines attention to them (use_eod_attn_mask_compression or the dataset's
+    create_compressed_eod_mask; without it, one document per sequence is priced). `release`: the
     mindformers release the file runs on (read_config's), None for the newest. `devices` other than the file's
     own count: the file's layout cannot run there, so the figures are the fastest layout that fits on `devices`
     (same model and global batch), and the verdict says so.
@@ -38,6 +40,21 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
         if cfg.model.moe is None:
             raise DoctorError("--moe-imbalance", moe_imbalance, "leave it out: the model has no MoE layers")
         cfg = replace(cfg, model=replace(cfg.model, moe=replace(cfg.model.moe, imbalance=float(moe_imbalance))))
+    m = cfg.model
+    if doc_len is not None:
+        if isinstance(doc_len, bool) or not isinstance(doc_len, int) or not 1 <= doc_len <= m.seq:
+            raise DoctorError("--doc-len", doc_len, f"a whole number of tokens from 1 to the sequence length {m.seq}")
+        if not m.eod:
+            raise DoctorError("--doc-len", doc_len, "leave it out: the file does not confine attention to documents "
+                              "(use_eod_attn_mask_compression and the dataset's create_compressed_eod_mask are off)")
+        cfg = replace(cfg, model=replace(m, doc_len=doc_len))
+    if m.eod and m.flash and cfg.layout.cp > 1 and cfg.layout.cp_kind == "ring":
+        cfg = replace(cfg, notes=cfg.notes + ("attention is confined to packed documents (EOD masks), but mindformers "
+                                              "drops them under ring attention: priced causal over the whole sequence",))
+    elif m.eod and m.flash and doc_len is None:
+        cfg = replace(cfg, notes=cfg.notes + ("attention is confined to packed documents (EOD masks): priced as one "
+                                              "document per sequence, the most pairs; --doc-len gives their mean "
+                                              "length",))
     if not isinstance(mc2, bool):          # 1 == True: a membership test would let 1 and 0 through
         raise DoctorError("--mc2", mc2, "True or False")
     if mc2 and not cfg.mc2:                 # a 2.x file that says enable_mc2 has its own note from the reader
@@ -203,6 +220,7 @@ def summary_json(r: dict) -> dict:
     st, mem, cfg = r["step"], r["memory"], r["config"]
     out = {"tokens_per_s_per_device": st["tokens_per_s_per_device"], "step_s": st["step_s"],
            "mfu": st["mfu_6n"], "mfu_attention": st["mfu_attention"], "mfu_hardware": st["mfu_hardware"],
+           "mfu_computed": st["mfu_computed"], "attention_s": st["attention_s"],
            "n_params": st["n_params"], "n_active_params": st["n_active_params"],
            "memory_per_device_bytes": mem["memory_per_device_bytes"], "per_stage_bytes": mem["per_stage_bytes"],
            "budget_bytes": mem["budget_bytes"], "fits": r["fits"], "dialect": cfg.dialect,
@@ -229,7 +247,7 @@ def summary_json(r: dict) -> dict:
                   "moe": None if m.moe is None else {"routed": m.moe.routed, "top_k": m.moe.top_k,
                                                      "expert_ffn": m.moe.expert_ffn, "shared": m.moe.shared,
                                                      "first_dense": m.moe.first_dense},
-                  "mtp": m.mtp, "flash_attention": m.flash},
+                  "mtp": m.mtp, "flash_attention": m.flash, "window": m.window, "eod": m.eod, "doc_len": m.doc_len},
         "layouts": [_row_json(x) for x in r["layouts"]],
         "smallest_change": _row_json(r["smallest"][0]) if r.get("smallest") else None,
         "smallest_change_that_gains": _row_json(r["smallest_gain"][0]) if r.get("smallest_gain") else None,

@@ -119,7 +119,8 @@ MODEL_PRICED_EXTRA = frozenset({"tie_word_embeddings", "multiple_of", "ffn_dim_m
                                 "compute_dtype", "params_dtype", "param_init_type", "offset", "pp_interleave_num",
                                 "multi_latent_attention", "multi_query_attention", "untie_embeddings_and_output_weights",
                                 "batch_size", "type", "model_type", "context_parallel_algo",
-                                "moe_token_dispatcher_type", "use_sliding_window", "sliding_window"})
+                                "moe_token_dispatcher_type", "use_sliding_window", "sliding_window",
+                                "use_eod_attn_mask_compression"})
 
 # Sections per dialect: (section, required). A required section the file leaves out is named as missing.
 SECTIONS: dict[str, tuple] = {

@@ -196,11 +196,12 @@ def read_model(mc: dict, *, where: str, dialect: str, seq: Any = None, name: str
     qkv_bias = any(_flag(mc, k, False, where) for k in ALIASES["qkv_bias"])
     win = mc.get("sliding_window")
     window = int(win) if _is_int(win) and 0 < win < s and _flag(mc, "use_sliding_window", True, where) else 0
+    eod = _flag(mc, "use_eod_attn_mask_compression", False, where)
     return Model(name=name or str(mc.get("model_type") or mc.get("type") or mc.get("architectures") or "?"),
                  layers=L, hidden=h, heads=a, kv_heads=kv, head_dim=hd, ffn=ffn, vocab=V, seq=s, tied=tied,
                  attention=kw.pop("attention", "mha" if kv == a else "gqa"), moe=moe,
                  mtp=get("mtp", zero_ok=True) or 0, flash=_flag(mc, "use_flash_attention", dialect != "r1.x", where),
-                 qkv_bias=qkv_bias, window=window, **kw)
+                 qkv_bias=qkv_bias, window=window, eod=eod, **kw)
 
 
 # ---------------------------------------------------------------- dialects
@@ -261,6 +262,21 @@ def _dataset_seq(d: dict) -> Any:
             if got is not None:
                 return got
         return None
+    return find(d.get("train_dataset")) or find(d.get("train_dataset_task"))
+
+
+def _dataset_eod(d: dict) -> bool:
+    """Whether the training dataset builds compressed EOD masks (create_compressed_eod_mask: True anywhere under it):
+    mindformers then sets model_config.use_eod_attn_mask_compression itself (1.9 and 2.1.0
+    trainer/base_trainer.py, _process_megatron_dataset and _get_columns_with_strategy)."""
+    def find(node: Any, depth: int = 0) -> bool:
+        if depth > 6:
+            return False
+        if isinstance(node, dict):
+            if node.get("create_compressed_eod_mask") is True:
+                return True
+            return any(find(c, depth + 1) for c in node.values())
+        return isinstance(node, list) and any(find(c, depth + 1) for c in node)
     return find(d.get("train_dataset")) or find(d.get("train_dataset_task"))
 
 
@@ -371,6 +387,8 @@ def _static(d: dict, dialect: str, budget: Any, model_config: Any) -> Config:
         # l.46); LlamaAttention takes hidden_size // num_heads (llama/llama_transformer.py l.114)
         kv_channels = merged.pop("kv_channels")
     m = read_model(merged, where=w, dialect=dialect, seq=seq, nulls={k for k, v in mc.items() if v is None})
+    if _dataset_eod(d) and not m.eod:
+        m = replace(m, eod=True)
     if kv_channels is not None and kv_channels != m.head_dim:
         notes.append(f"{w}.kv_channels={kv_channels} is not read by {mc.get('type', 'this config class')} (in r1.x "
                      f"only ChatGLM2Config reads it): head dim hidden_size / heads = {m.head_dim}")
@@ -451,6 +469,8 @@ def _pynative(d: dict, budget: Any, model_config: Any, devices: int | None) -> C
     merged = _model_keys(model, [(hf_path, hf)], "model", notes)
     m = read_model(merged, where="model", dialect="pynative", seq=_dataset_seq(d),
                    nulls={k for k, v in model.items() if v is None})
+    if _dataset_eod(d) and not m.eod:
+        m = replace(m, eod=True)
     par = _section(d, "parallelism")
     tr = _section(d, "training")
     tp, pp, cp, ep, vpp = (_setting(par, k, f"parallelism.{k}") for k in (

@@ -125,6 +125,63 @@ def test_causal_flash_attention_computes_half_the_pairs_it_counts_and_no_faster_
     assert st["mfu_computed"] < st["mfu_hardware"] == st["mfu_attention"]
 
 
+def _qwen3_with(model_keys=(), dataset_eod=None):
+    d = yaml.safe_load((DATA / "2.1.0" / "qwen3" / "pretrain_qwen3_32b_4k.yaml").read_text())
+    d["model"]["model_config"].update(dict(model_keys))
+    if dataset_eod is not None:
+        d["train_dataset"]["data_loader"]["config"]["create_compressed_eod_mask"] = dataset_eod
+    return d
+
+
+def test_packed_documents_attend_within_each_and_the_file_says_so():
+    """use_eod_attn_mask_compression (or the dataset's create_compressed_eod_mask, which mindformers turns into it)
+    confines attention to each packed document: documents of d tokens compute s*d/2 pairs, not s^2/2. The YAML
+    does not give d: --doc-len does, and without it one document per sequence is priced and the report says so."""
+    plain = D.read_config(_qwen3_with())
+    assert not plain.model.eod and not plain.key_flags
+    for d in (_qwen3_with({"use_eod_attn_mask_compression": True}), _qwen3_with(dataset_eod=True)):
+        c = D.read_config(d)
+        assert c.model.eod and not c.key_flags, c.key_flags
+    static = yaml.safe_load((DATA / "r1.3.0_finetune_qwen2_0.5b_32k.yaml").read_text())
+    static["model"]["model_config"]["use_eod_attn_mask_compression"] = True
+    assert D.read_config(static).model.eod and not D.read_config(static).key_flags
+    eod = _qwen3_with({"use_eod_attn_mask_compression": True})
+    seq = D.read_config(eod).model.seq
+    whole = D.diagnose(eod, "atlas-900-a2-podc", search=False)
+    docs = D.diagnose(eod, "atlas-900-a2-podc", search=False, doc_len=seq // 8)
+    none = D.diagnose(_qwen3_with(), "atlas-900-a2-podc", search=False)
+    assert whole["step"]["attention_s"] == pytest.approx(none["step"]["attention_s"])
+    assert docs["step"]["attention_s"] == pytest.approx(whole["step"]["attention_s"] / 8, rel=1e-9)
+    assert docs["step"]["mfu_attention"] / docs["step"]["tokens_per_s_per_device"] == pytest.approx(
+        whole["step"]["mfu_attention"] / whole["step"]["tokens_per_s_per_device"])      # the FLOP count stays
+    assert [n for n in whole["config"].notes if "--doc-len gives" in n]
+    assert not [n for n in docs["config"].notes if "--doc-len gives" in n]
+    m = D.read_config(eod).model
+    w = dataclasses.replace(m, window=seq // 16, doc_len=seq // 4)       # a window inside each document
+    L, k = seq // 4, seq // 16
+    assert D.cost.attention_work(w) == pytest.approx((L * k - k * k / 2) / (L * seq))
+    assert D.cost.attention_work(w, ring=True) == D.cost.attention_work(dataclasses.replace(w, eod=False))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 10**9, True, 2.5, "512"])
+def test_a_bad_doc_len_is_refused_in_one_line(bad):
+    with pytest.raises(D.DoctorError) as e:
+        D.diagnose(_qwen3_with({"use_eod_attn_mask_compression": True}), "atlas-900-a2-podc", search=False, doc_len=bad)
+    assert e.value.field == "--doc-len" and "\n" not in str(e.value)
+
+
+def test_doc_len_on_a_file_without_document_masks_is_refused_and_the_cli_takes_it(tmp_path, capsys):
+    with pytest.raises(D.DoctorError, match="leave it out"):
+        D.diagnose(_qwen3_with(), "atlas-900-a2-podc", search=False, doc_len=512)
+    f = tmp_path / "eod.yaml"
+    f.write_text(yaml.safe_dump(_qwen3_with(dataset_eod=True)))
+    assert D.main([str(f), "--hardware", "atlas-900-a2-podc", "--no-search", "--doc-len", "512", "--json"]) == 0
+    j = json.loads(capsys.readouterr().out)
+    assert j["model"]["doc_len"] == 512 and j["model"]["eod"] and j["attention_s"] > 0
+    assert j["mfu_computed"] < j["mfu_hardware"]
+    assert D.main([str(f), "--hardware", "atlas-900-a2-podc", "--no-search", "--doc-len", "0"]) == 2
+
+
 def test_ring_context_parallel_exposes_only_the_send_that_outlasts_a_block():
     c = D.read_config(HELD / "llama31_8b_128k_cp4.yaml")
     st = D.step_time(c, A2)
