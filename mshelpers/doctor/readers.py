@@ -244,14 +244,16 @@ def _hf_config(d: dict, model_config: Any, notes: list) -> tuple[dict, str]:
     return hf, path
 
 
-def _dataset_seq(d: dict) -> Any:
-    """The training dataset's seq_length, wherever its loader or handlers put it."""
+def _in_dataset(d: dict, pick: Any) -> Any:
+    """The first value `pick(node)` gives (not None) for a mapping under the training dataset, wherever its loader or
+    handlers nest it (six levels at most)."""
     def find(node: Any, depth: int = 0) -> Any:
         if depth > 6:
             return None
         if isinstance(node, dict):
-            if _is_int(node.get("seq_length")) and node["seq_length"] > 0:
-                return node["seq_length"]
+            got = pick(node)
+            if got is not None:
+                return got
             children = node.values()
         elif isinstance(node, list):
             children = node
@@ -265,19 +267,16 @@ def _dataset_seq(d: dict) -> Any:
     return find(d.get("train_dataset")) or find(d.get("train_dataset_task"))
 
 
+def _dataset_seq(d: dict) -> Any:
+    """The training dataset's seq_length, wherever its loader or handlers put it."""
+    return _in_dataset(d, lambda n: n["seq_length"] if _is_int(n.get("seq_length")) and n["seq_length"] > 0 else None)
+
+
 def _dataset_eod(d: dict) -> bool:
     """Whether the training dataset builds compressed EOD masks (create_compressed_eod_mask: True anywhere under it):
     mindformers then sets model_config.use_eod_attn_mask_compression itself (1.9 and 2.1.0
     trainer/base_trainer.py, _process_megatron_dataset and _get_columns_with_strategy)."""
-    def find(node: Any, depth: int = 0) -> bool:
-        if depth > 6:
-            return False
-        if isinstance(node, dict):
-            if node.get("create_compressed_eod_mask") is True:
-                return True
-            return any(find(c, depth + 1) for c in node.values())
-        return isinstance(node, list) and any(find(c, depth + 1) for c in node)
-    return find(d.get("train_dataset")) or find(d.get("train_dataset_task"))
+    return bool(_in_dataset(d, lambda n: True if n.get("create_compressed_eod_mask") is True else None))
 
 
 def _setting(sect: dict, key: str, where: str, default: int = 1) -> int:
@@ -387,8 +386,6 @@ def _static(d: dict, dialect: str, budget: Any, model_config: Any) -> Config:
         # l.46); LlamaAttention takes hidden_size // num_heads (llama/llama_transformer.py l.114)
         kv_channels = merged.pop("kv_channels")
     m = read_model(merged, where=w, dialect=dialect, seq=seq, nulls={k for k, v in mc.items() if v is None})
-    if _dataset_eod(d) and not m.eod:
-        m = replace(m, eod=True)
     if kv_channels is not None and kv_channels != m.head_dim:
         notes.append(f"{w}.kv_channels={kv_channels} is not read by {mc.get('type', 'this config class')} (in r1.x "
                      f"only ChatGLM2Config reads it): head dim hidden_size / heads = {m.head_dim}")
@@ -469,8 +466,6 @@ def _pynative(d: dict, budget: Any, model_config: Any, devices: int | None) -> C
     merged = _model_keys(model, [(hf_path, hf)], "model", notes)
     m = read_model(merged, where="model", dialect="pynative", seq=_dataset_seq(d),
                    nulls={k for k, v in model.items() if v is None})
-    if _dataset_eod(d) and not m.eod:
-        m = replace(m, eod=True)
     par = _section(d, "parallelism")
     tr = _section(d, "training")
     tp, pp, cp, ep, vpp = (_setting(par, k, f"parallelism.{k}") for k in (
@@ -602,6 +597,8 @@ def _read_config(path_or_dict: Any, budget: Any, model_config: Any, devices: int
                 raise DoctorError("model.model_config", None, "pass a mindformers training YAML (it has "
                                   "model.model_config, or training: and parallelism: sections for 2.x PyNative)")
             cfg = _static(d, dialect, budget, model_config)
+        if _dataset_eod(d) and not cfg.model.eod:      # mindformers turns the dataset's switch into the model's
+            cfg = replace(cfg, model=replace(cfg.model, eod=True))
         return replace(cfg, key_flags=tuple(key_flags(d, cfg.dialect, _MODEL_PRICED)))
     except DoctorError:
         raise
