@@ -52,7 +52,11 @@ def _as_step(fn: str, name: str, v) -> int:
     raise ValueError(f"checkpoint.{fn}: {name}={v!r} is invalid; fix: pass a non-negative integer")
 
 
-def _state(net, optimizer, loss_scaler) -> dict[str, Any]:
+def training_state(net, optimizer, loss_scaler) -> dict[str, Any]:
+    """Every Parameter a training step changes, by name, once each: the model's, the optimizer's (its moments and
+    step count; a Parameter it shares with the model counted once) and the loss scaler's scale and counter.
+    What a checkpoint holds, and what `train(warm=...)` overwrites with a fresh start.
+    Taught in: no notebook; train() calls it (README, Reliability)."""
     entries: dict[str, Any] = {}
     for cell in (net, optimizer):
         if cell is not None:
@@ -84,7 +88,7 @@ def write_pending(ckpt_dir: str | os.PathLike, net, optimizer=None, *, step: int
     d = Path(ckpt_dir)
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f"{TMP_PREFIX}{os.getpid()}-step_{step:06d}.ckpt"   # MindSpore insists on a .ckpt suffix
-    entries = [{"name": n, "data": p} for n, p in _state(net, optimizer, loss_scaler).items()]
+    entries = [{"name": n, "data": p} for n, p in training_state(net, optimizer, loss_scaler).items()]
     meta: dict[str, Any] = {"meta.step": step, "meta.data_pos": data_pos, "meta.rng_state": ms.get_rng_state()}
     for k, v in (run or {}).items():
         meta[f"meta.run.{k}"] = str(v)

@@ -157,6 +157,44 @@ def test_graph_accumulation_keeps_one_micro_batch_of_memory_live():
 
 
 # --- exact resume (was tests/test_resume_exact.py) ---
+# A warm start (train(warm=...)): another seed on the step an earlier run compiled. Notebook 10 trains 27 runs of one
+# graph this way. The earlier run overflowed and halved its loss scale and advanced its optimizer's step count
+# through the warm-up, so a warm run that kept any of that state would log other losses or scales.
+def test_a_warm_run_trains_exactly_as_a_fresh_one_without_compiling_again(tmp_path):
+    cfg = RunConfig.preset("tiny").replace(mode="graph", steps=6, warmup_steps=2, dynamic_loss_scale=True,
+                                           loss_scale=2.0 ** 127)
+    first = train(cfg.replace(seed=1), csv_path=tmp_path / "a.csv", progress=False, peak_flops=1e11)
+    assert first.column("loss_scale")[-1] < 2.0 ** 127              # its scale moved: the warm run must reset it
+    fresh = train(cfg.replace(seed=2), csv_path=tmp_path / "b.csv", progress=False, peak_flops=1e11)
+    warm = train(cfg.replace(seed=2, spike_guard=True), csv_path=tmp_path / "c.csv", progress=False,
+                 peak_flops=1e11, warm=first)
+    for col in ("loss", "grad_norm", "loss_scale", "overflow"):
+        np.testing.assert_array_equal(warm.column(col), fresh.column(col), err_msg=col)   # NaN == NaN here
+    assert warm.net is first.net                  # the one model, now holding the seed-2 run's weights
+    for a, b in zip(warm.net.get_parameters(), fresh.net.get_parameters()):
+        assert np.array_equal(a.asnumpy(), b.asnumpy()), a.name
+    # no compile: the cold first step compiles for seconds, a warm one runs as a steady step (~100x apart here)
+    assert warm.column("step_time_s")[0] < fresh.column("step_time_s")[0] / 4
+
+    # refused in one line, the earlier run's model untouched
+    kept = [p.asnumpy().copy() for p in first.net.get_parameters()]
+    from mshelpers.model import build_model
+    other = build_model(cfg.replace(num_layers=1))
+    from mshelpers.train import History
+    for kwargs, match in (({"warm": History(cfg)}, "warm=History holds no built step"),
+                          ({"warm": "first"}, "warm=str holds no built step"),
+                          ({"warm": first, "resume": True, "ckpt_dir": tmp_path / "ck"}, "resume=True is not"),
+                          ({"warm": first, "net": other}, "holds another model: its '.*' is"),
+                          ):
+        with pytest.raises(ValueError, match=match):
+            train(cfg.replace(seed=3), csv_path=tmp_path / "d.csv", progress=False, **kwargs)
+    with pytest.raises(ValueError, match=r"another graph \(num_layers=2 there, 1 here\)"):
+        train(cfg.replace(seed=3, num_layers=1), progress=False, warm=first)
+    with pytest.raises(ValueError, match="grad_accum=2"):
+        train(cfg.replace(batch_size=4, grad_accum=2), progress=False, warm=first)
+    assert all(np.array_equal(a, p.asnumpy()) for a, p in zip(kept, first.net.get_parameters()))
+
+
 # Exact resume across the warm-up and a changing dynamic loss scale (issue 14, item 4).
 #
 # `report.resume_check` trains 2n steps straight and n + n with a checkpoint between, rebuilding the model
