@@ -371,7 +371,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
         rows = expert_rows(m, lay, tokens_micro)
         rate_expert = min(rate_expert, gemm_intensity(rows, m.hidden, m.moe.expert_ffn / lay.tp) * hw.hbm_bytes_per_s)
         imbalance = routing_imbalance(m, lay, tokens_micro)
-    work_attn = attention_work(m, ring=lay.cp > 1 and lay.cp_kind == "ring")
+    work_attn = attention_work(m, ring=lay.ring)
     fuse_tp = bool(cfg.mc2 and lay.seq_parallel)      # MC2 pipelines the sequence-parallel pair (mc2_exposed)
     f_comm = calib.comm_time_factor
     spans = {k: topology.span(v, hw.devices_per_node) for k, v in topology.groups(lay, cfg.dialect).items()}

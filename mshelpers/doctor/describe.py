@@ -148,6 +148,11 @@ class Layout:
         return self.dp * self.tp * self.pp * self.cp
 
     @property
+    def ring(self) -> bool:
+        """Context parallel by ring attention (P2P of K/V blocks), where mindformers drops packed documents' masks."""
+        return self.cp > 1 and self.cp_kind == "ring"
+
+    @property
     def n_micro(self) -> int:
         """Micro-batches per optimizer step and stage: gradient accumulation x pipeline micro-batches."""
         return self.grad_accum * (self.micro if self.pp > 1 else 1)

@@ -48,7 +48,7 @@ def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: i
             raise DoctorError("--doc-len", doc_len, "leave it out: the file does not confine attention to documents "
                               "(use_eod_attn_mask_compression and the dataset's create_compressed_eod_mask are off)")
         cfg = replace(cfg, model=replace(m, doc_len=doc_len))
-    if m.eod and m.flash and cfg.layout.cp > 1 and cfg.layout.cp_kind == "ring":
+    if m.eod and m.flash and cfg.layout.ring:
         cfg = replace(cfg, notes=cfg.notes + ("attention is confined to packed documents (EOD masks), but mindformers "
                                               "drops them under ring attention: priced causal over the whole sequence",))
     elif m.eod and m.flash and doc_len is None:

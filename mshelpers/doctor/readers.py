@@ -599,6 +599,10 @@ def _read_config(path_or_dict: Any, budget: Any, model_config: Any, devices: int
             cfg = _static(d, dialect, budget, model_config)
         if _dataset_eod(d) and not cfg.model.eod:      # mindformers turns the dataset's switch into the model's
             cfg = replace(cfg, model=replace(cfg.model, eod=True))
+        if cfg.model.eod and not cfg.model.flash:      # 1.9's llama.py and parallel_core's TransformerConfig refuse it
+            raise DoctorError("use_eod_attn_mask_compression", True, "packed documents' masks need flash attention, "
+                              "and mindformers refuses them without it: set use_flash_attention: True, or turn off "
+                              "use_eod_attn_mask_compression and the dataset's create_compressed_eod_mask")
         return replace(cfg, key_flags=tuple(key_flags(d, cfg.dialect, _MODEL_PRICED)))
     except DoctorError:
         raise

@@ -182,6 +182,20 @@ def test_doc_len_on_a_file_without_document_masks_is_refused_and_the_cli_takes_i
     assert D.main([str(f), "--hardware", "atlas-900-a2-podc", "--no-search", "--doc-len", "0"]) == 2
 
 
+@pytest.mark.parametrize("where", ["model", "dataset"])
+def test_document_masks_without_flash_attention_are_refused_as_mindformers_refuses_them(where, tmp_path):
+    """1.9's llama.py ("When the use_eod_attn_mask_compression = True, the flash_attention must be True") and
+    parallel_core's TransformerConfig refuse EOD masks without flash attention; so does the doctor, in one line."""
+    d = _qwen3_with({"use_flash_attention": False, **({"use_eod_attn_mask_compression": True} if where == "model"
+                                                      else {})}, dataset_eod=True if where == "dataset" else None)
+    with pytest.raises(D.DoctorError) as e:
+        D.read_config(d)
+    assert e.value.field == "use_eod_attn_mask_compression" and "use_flash_attention: True" in str(e.value)
+    f = tmp_path / "noflash.yaml"
+    f.write_text(yaml.safe_dump(d))
+    assert D.main([str(f), "--hardware", "atlas-900-a2-podc", "--no-search"]) == 2
+
+
 def test_ring_context_parallel_exposes_only_the_send_that_outlasts_a_block():
     c = D.read_config(HELD / "llama31_8b_128k_cp4.yaml")
     st = D.step_time(c, A2)
