@@ -82,6 +82,13 @@ CALLS: dict[str, str] = {
         params = {"w": np.ones((2, 2), np.float32), "b": np.array([np.nan], np.float32)}
         assert m.nonfinite_params(params) == ["b"]
         assert isinstance(m.info(params), dict)
+
+        class Cell:   # anything with get_parameters(): a shared Parameter is counted once
+            def __init__(self, *names): self.ps = [type("P", (), {"name": n})() for n in names]
+            def get_parameters(self): return self.ps
+        scaler = type("S", (), {"scale_value": 1.0})()
+        assert list(m.training_state(Cell("w", "b"), Cell("w", "adam_m.w"), scaler)) == [
+            "w", "b", "adam_m.w", "loss_scaler.scale_value"]
     """,
     "compiling": """
         import numpy as np
