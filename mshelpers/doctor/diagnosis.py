@@ -618,7 +618,8 @@ def write_outputs(r: dict, out_dir: str, source_path: str | None = None) -> dict
         try:
             with open(source_path) as f:
                 text = f.read()
-            body, how = edit_yaml_text(text, follow_derived(yaml.safe_load(text), text_changes)), "edited in place"
+            loaded = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # as readers.load_yaml
+            body, how = edit_yaml_text(text, follow_derived(loaded, text_changes)), "edited in place"
         except (OSError, UnicodeDecodeError, YamlEditError) as e:
             how = f"dumped whole: the source could not be edited in place ({e}); its comments are not kept"
     head += f"# {how}\n"

@@ -523,7 +523,8 @@ def load_yaml(path_or_dict: Any) -> dict:
     try:
         with open(path_or_dict, "rb") as f:
             data = f.read()
-        d = yaml.safe_load(data.decode("utf-8"))
+        # libyaml's C parser where PyYAML has it (its wheels do): the same mapping as safe_load, about 10x faster
+        d = yaml.load(data.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise DoctorError("CONFIG", str(path_or_dict), "pass the path of an existing mindformers YAML") from None
     except UnicodeDecodeError:

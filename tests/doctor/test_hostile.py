@@ -63,9 +63,9 @@ _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)        # libyaml when th
 
 @pytest.fixture
 def fast_yaml(monkeypatch):
-    """The doctor's yaml.safe_load on libyaml's parser (same SafeConstructor, same dicts): pure-Python parsing is
-    90% of a --no-search run, and the sweep is about the readers, not the parser (the broken-file tests below
-    keep the pure-Python one)."""
+    """Every yaml.safe_load on libyaml's parser (same SafeConstructor, same dicts). The doctor's own reader and
+    in-place editor use it already (readers.load_yaml, yamledit); this puts the rest of a run on it too (the
+    sweep writes and reads ~5000 files, and it is about the readers, not the parser)."""
     if getattr(yaml, "CSafeLoader", None):
         monkeypatch.setattr(yaml, "safe_load", lambda s: yaml.load(s, Loader=yaml.CSafeLoader))
 

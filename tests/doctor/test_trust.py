@@ -14,11 +14,32 @@ import yaml
 from mshelpers import doctor as D
 from mshelpers.doctor import keys as K
 
+
+def safe_load(text: str):
+    """yaml.safe_load on libyaml's parser, as the doctor reads (readers.load_yaml): the same dicts, and the fixture
+    sweeps below parse every fixture several times (pure-Python parsing was a third of this file's time)."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 DATA = Path(__file__).parents[1] / "data" / "mindformers"
 Y7, Y13 = DATA / "r1.2.0_pretrain_llama2_7b.yaml", DATA / "r1.2.0_pretrain_llama2_13b.yaml"
 Y70 = DATA / "pretrain_llama2_70b_bf16_32p.yaml"
 QWEN3_MOE = DATA / "2.1.0" / "qwen3_moe" / "pretrain_qwen3_30b_a3b_4k.yaml"
 FIXTURES = sorted(p for p in DATA.rglob("*.yaml"))
+
+
+def test_libyaml_reads_every_fixture_and_heldout_file_as_mindformers_pure_python_loader_does():
+    """The doctor parses with libyaml (9x faster); mindformers loads with PyYAML's pure-Python SafeLoader. Both build
+    the same mapping from every file we hold, and refuse the same broken one."""
+    files = sorted((DATA.parent).rglob("*.yaml"))
+    assert len(files) >= len(FIXTURES) > 100 and yaml.CSafeLoader is not yaml.SafeLoader
+    for p in files:
+        text = p.read_text()
+        assert yaml.load(text, Loader=yaml.CSafeLoader) == yaml.load(text, Loader=yaml.SafeLoader), p
+    for broken in ("a: [1, 2\n", "a: b: c\n", "- x\ny: 1\n"):
+        for loader in (yaml.CSafeLoader, yaml.SafeLoader):
+            with pytest.raises(yaml.YAMLError):
+                yaml.load(broken, Loader=loader)
 
 
 def _read_or_refused(path: Path):
@@ -46,7 +67,7 @@ def _cli(argv, capsys) -> tuple[int, str, str]:
 
 # ---------------------------------------------------------------- 1. it reads what the file says
 def test_a_misspelled_degree_is_named_with_the_key_it_meant(tmp_path, capsys):
-    d = yaml.safe_load(Y7.read_text())
+    d = safe_load(Y7.read_text())
     d["parallel_config"]["model_paralel"] = 4
     cfg = D.read_config(_write(tmp_path, d))
     [flag] = cfg.key_flags
@@ -60,26 +81,26 @@ def test_a_misspelled_degree_is_named_with_the_key_it_meant(tmp_path, capsys):
 
 
 def test_a_key_in_the_wrong_section_says_where_it_belongs(tmp_path):
-    d = yaml.safe_load(Y7.read_text())
+    d = safe_load(Y7.read_text())
     d["runner_config"]["micro_batch_num"] = 4
     [flag] = D.read_config(d).key_flags
     assert flag["text"] == "`runner_config.micro_batch_num`: unknown in `runner_config`; it belongs in `parallel_config`"
 
 
 def test_a_missing_section_is_named_missing_in_each_dialect(tmp_path):
-    d = yaml.safe_load(Y7.read_text())
+    d = safe_load(Y7.read_text())
     d["paralel_config"] = d.pop("parallel_config")
     flags = D.read_config(d).key_flags
     assert [f["key"] for f in flags] == ["parallel_config"]
     assert "missing section" in flags[0]["text"] and "did you mean `parallel_config`?" in flags[0]["text"]
     p2 = DATA / "2.1.0" / "deepseek3" / "pretrain_deepseek3_1b_8p_pynative.yaml"
-    d2 = yaml.safe_load(p2.read_text())
+    d2 = safe_load(p2.read_text())
     d2.pop("parallelism")
     cfg = D.read_config(d2, devices=8)
     assert [f["key"] for f in cfg.key_flags] == ["parallelism"]
     # the note on dp no longer reads as if the file set data_parallel_shard
     assert any("data_parallel_shard=-1 (not set" in n for n in cfg.notes)
-    d2 = yaml.safe_load(p2.read_text())
+    d2 = safe_load(p2.read_text())
     d2["training"]["global_batchsize"] = 8
     [flag] = D.read_config(d2, devices=8).key_flags
     assert flag["suggestion"] == "global_batch_size" and "mindformers 2.1.0 refuses unknown keys" in flag["text"]
@@ -102,7 +123,7 @@ def test_every_priced_key_is_read_by_a_reader():
 
 # ---------------------------------------------------------------- 6. the question asked
 def test_an_oom_names_the_dominant_term_and_the_smallest_change_first(tmp_path, capsys):
-    d = yaml.safe_load(Y13.read_text())
+    d = safe_load(Y13.read_text())
     d["recompute_config"]["recompute"] = False
     r = D.diagnose(d)
     assert r["fits"] is False
@@ -163,7 +184,7 @@ def test_an_error_is_json_too_and_exit_codes_say_fits_does_not_fit_refused(tmp_p
     assert err.startswith("doctor: error: ") and len(err.splitlines()) == 1
     code, out, err = _cli([tmp_path / "missing.yaml"], capsys)
     assert code == 2 and out == ""
-    d = yaml.safe_load(Y13.read_text())
+    d = safe_load(Y13.read_text())
     d["recompute_config"]["recompute"] = False
     assert _cli([_write(tmp_path, d), "--no-search"], capsys)[0] == 1
     assert _cli([Y7, "--no-search"], capsys)[0] == 0
@@ -202,7 +223,7 @@ def test_zero_terms_are_listed_not_tabled_and_the_budget_says_gib(capsys):
 
 
 def test_the_offset_message_says_remainder_not_percent():
-    d = yaml.safe_load(Y7.read_text())
+    d = safe_load(Y7.read_text())
     d["parallel_config"].update(pipeline_stage=3, micro_batch_num=3)
     d["model"]["model_config"]["offset"] = [1, 1, 1]
     with pytest.raises(D.DoctorError) as e:
@@ -219,7 +240,7 @@ def _comments(text: str) -> list[str]:
 def test_every_fixture_is_edited_in_place_only_where_it_changes(path):
     from mshelpers.doctor.yamledit import edit_yaml_text, follow_derived
     text = path.read_text()
-    d = yaml.safe_load(text)
+    d = safe_load(text)
     if "parallel_config" in d:
         ch = {"parallel_config.data_parallel": 3, "recompute_config.recompute": [1, 2, 3],
               "runner_config.gradient_accumulation_steps": 5, "parallel_config.use_seq_parallel": True}
@@ -229,14 +250,14 @@ def test_every_fixture_is_edited_in_place_only_where_it_changes(path):
         raise AssertionError(f"{path}: a fixture YAML with neither parallel_config nor parallelism")
     ch = follow_derived(d, ch)
     new = edit_yaml_text(text, ch)
-    want = yaml.safe_load(text)
+    want = safe_load(text)
     for k, v in ch.items():
         node = want
         *parents, last = k.split(".")
         for p in parents:
             node = node.setdefault(p, {})
         node[last] = v
-    assert yaml.safe_load(new) == want
+    assert safe_load(new) == want
     old_lines, new_lines = text.splitlines(), new.splitlines()
     kept = [line for line in old_lines if line in new_lines]
     assert len(old_lines) - len(kept) <= len(ch) + sum(1 for line in old_lines if line.lstrip().startswith("- "))
@@ -257,7 +278,7 @@ def test_out_writes_the_file_with_only_its_changes_and_it_reads_back_to_the_same
     assert "# edited in place" in new.splitlines()[1]
     body = "\n".join(new.splitlines()[2:])
     best = j["layouts"][0] if j["layouts"] and (j["best_gain"] > 0.005 or not j["fits"]) else None
-    changed = D.changed_keys(yaml.safe_load(text), yaml.safe_load(body))
+    changed = D.changed_keys(safe_load(text), safe_load(body))
     expect = set(best["changes"]) if best else set()
     if best and "parallel_config.data_parallel" in best["changes"]:
         expect.add("parallel.dataset_strategy")                         # derived: it follows dp (an alias here)
@@ -276,7 +297,7 @@ def test_out_on_other_devices_moves_dp_and_its_alias_follows(tmp_path, capsys):
     code, out, _ = _cli([src, "--devices", "16", "--json", "--out", tmp_path / "o"], capsys)
     j = json.loads(out)
     body = (tmp_path / "o" / "improved.yaml").read_text()
-    got = yaml.safe_load(body)
+    got = safe_load(body)
     dp = got["parallel_config"]["data_parallel"]
     assert dp * got["parallel_config"]["model_parallel"] * got["parallel_config"]["pipeline_stage"] == 16
     assert all(x[0] == dp for x in got["parallel"]["dataset_strategy"]) and body.count("*dp") == src.read_text().count("*dp")
@@ -326,7 +347,7 @@ def test_each_stage_is_tabled_and_each_hop_priced_on_the_link_it_crosses(capsys)
 
 
 def test_an_unbalanced_offset_is_fixed_by_the_smallest_change_that_gains():
-    d = yaml.safe_load(YI34.read_text())
+    d = safe_load(YI34.read_text())
     d["model"]["model_config"]["offset"] = [3, -1, -1, -1]          # 18/14/14/14: stage 0 binds
     r = D.diagnose(d, budget="60GB")            # (at the file's 57GB stage 0 no longer fits beside HCCL's buffers)
     [sg] = r["smallest_gain"]
@@ -388,7 +409,7 @@ def test_every_fixture_edited_in_place_reads_back_to_the_variants_prediction(pat
     target = D.edited_yaml(cfg, **kw, batch_size=cfg.layout.batch * 2)
     changes = {k: v[1] for k, v in D.changed_keys(cfg.raw, target).items()}
     text = edit_yaml_text(path.read_text(), follow_derived(cfg.raw, changes))
-    again = D.read_config(yaml.safe_load(text), model_config=cfg.model_config)
+    again = D.read_config(safe_load(text), model_config=cfg.model_config)
     hw = D.hardware("atlas-800t-a2")
     assert again.layout == variant.layout
     assert D.step_time(again, hw)["step_s"] == D.step_time(variant, hw)["step_s"]
@@ -397,7 +418,7 @@ def test_every_fixture_edited_in_place_reads_back_to_the_variants_prediction(pat
 
 @pytest.mark.parametrize("bad", [{}, [], "1.3", True, -1, 0])
 def test_an_ffn_multiplier_that_is_not_a_positive_number_is_refused(bad):
-    d = yaml.safe_load((DATA / "r1.2.0_finetune_llama3_70b.yaml").read_text())
+    d = safe_load((DATA / "r1.2.0_finetune_llama3_70b.yaml").read_text())
     d["model"]["model_config"]["ffn_dim_multiplier"] = bad
     with pytest.raises(D.DoctorError) as e:
         D.read_config(d)
@@ -408,7 +429,7 @@ def test_per_stage_recompute_is_the_fewest_layers_that_fit_beside_the_reserve():
     """The search's per-stage bisection tests what `fits` tests (the stage plus HCCL's buffers within the budget).
     Worked here stage by stage, by a linear count: Yi-34B at 60GB on dp2 tp2 pp4 with offset 0 and SiLU/Mul
     selective recompute needs some fully recomputed layers; the search must offer exactly those counts."""
-    d = yaml.safe_load(YI34.read_text())
+    d = safe_load(YI34.read_text())
     cfg = D.with_reserve(D.read_config(d, budget="60GB"), D.hardware("atlas-800t-a2"))
     kw = dict(data_parallel=2, model_parallel=2, pipeline_stage=4, micro_batch_num=28, offset=0,
               use_seq_parallel=True, enable_parallel_optimizer=True, select_recompute=True)
