@@ -81,6 +81,12 @@ def param_count(cfg_or_model: Any, active: bool = False) -> int:
     tied), layers, final norm. MTP modules are not counted (see `mtp_params`).
     Taught in: no notebook; doctor/__init__.py, doctor/diagnosis.py, memory.py call it."""
     m = cfg_or_model.model if isinstance(cfg_or_model, Config) else cfg_or_model
+    return _param_count(m, active)
+
+
+# a search prices thousands of layouts of one model: its per-model sums are kept, not summed again per layout
+@functools.lru_cache(maxsize=1024)
+def _param_count(m: Model, active: bool) -> int:
     emb = m.vocab * m.hidden * (1 if m.tied else 2) + m.positions * m.hidden + m.extra_params
     return emb + sum(layer_params(m, i, active) for i in range(m.layers)) + norm_params(m)
 
@@ -138,10 +144,15 @@ def flops_per_token(m: Model) -> dict[str, float]:
     """Model FLOPs per token, fwd + bwd: 6N (N active, Kaplan), 6N + attention (PaLM appendix B), and the
     count the cost model uses (3 x its forward, MTP included).
     Taught in notebooks/04_data_parallel.ipynb."""
+    return dict(_flops_per_token(m))
+
+
+@functools.lru_cache(maxsize=1024)
+def _flops_per_token(m: Model) -> tuple:
     n = param_count(m, active=True)
     attn = 3 * sum(layer_ops(m, i)["attention"] for i in range(m.layers))
     fwd = sum(sum(layer_ops(m, i).values()) for i in range(m.layers)) + head_flops(m)
-    return {"6n": 6 * n, "palm": 6 * n + attn, "model": 3 * fwd}
+    return tuple({"6n": 6 * n, "palm": 6 * n + attn, "model": 3 * fwd}.items())
 
 
 _OP_NAMES = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
@@ -718,11 +729,18 @@ def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
     seq = m.seq // lay.cp
     full = lay.full_recompute[i]
     sel = max((k for _, k in lay.select_ops[i]), default=0)
-    per_layer = [_layer_activation(mem, m, lay, j, seq, "full" if k < full else "selective" if k < full + sel
-                                   else "none", bpv) for k, j in enumerate(ids)]
+    memo: dict = {}     # a layer's bytes depend on it only through (MoE or dense, recompute mode)
+
+    def layer(j: int, mode: str) -> int:
+        key = (m.moe is not None and m.moe.is_moe_layer(j), mode)
+        if key not in memo:
+            memo[key] = _layer_activation(mem, m, lay, j, seq, mode, bpv)
+        return memo[key]
+    per_layer = [layer(j, "full" if k < full else "selective" if k < full + sel else "none")
+                 for k, j in enumerate(ids)]
     working = 0
     if (full or sel) and ids:
-        working = _layer_activation(mem, m, lay, ids[0], seq, "none", bpv) - min(per_layer)
+        working = layer(ids[0], "none") - min(per_layer)
     stored = sum(sorted(per_layer, reverse=True)[:2]) if lay.swap and ids else sum(per_layer)
     inflight = in_flight(lay)[i]
     output = 0
