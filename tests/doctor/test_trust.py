@@ -31,11 +31,14 @@ FIXTURES = sorted(p for p in DATA.rglob("*.yaml"))
 def test_libyaml_reads_every_fixture_and_heldout_file_as_mindformers_pure_python_loader_does():
     """The doctor parses with libyaml (9x faster); mindformers loads with PyYAML's pure-Python SafeLoader. Both build
     the same mapping from every file we hold, and refuse the same broken one."""
+    from mshelpers.doctor.readers import load_yaml
+    from mshelpers.doctor.yamledit import _loader
     files = sorted((DATA.parent).rglob("*.yaml"))
     assert len(files) >= len(FIXTURES) > 100 and yaml.CSafeLoader is not yaml.SafeLoader
     for p in files:
         text = p.read_text()
-        assert yaml.load(text, Loader=yaml.CSafeLoader) == yaml.load(text, Loader=yaml.SafeLoader), p
+        want = yaml.load(text, Loader=yaml.SafeLoader)
+        assert load_yaml(p) == want and _loader(yaml)(text) == want, p
     for broken in ("a: [1, 2\n", "a: b: c\n", "- x\ny: 1\n"):
         for loader in (yaml.CSafeLoader, yaml.SafeLoader):
             with pytest.raises(yaml.YAMLError):
