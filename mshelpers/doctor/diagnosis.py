@@ -13,7 +13,7 @@ from .cost import TERMS, expert_shard, memory_per_stage, memory_reserve, mtp_par
 from .describe import EXPECTED_ERROR, DoctorError
 from .profiles import hardware
 from .readers import read_config
-from .yamledit import YamlEditError, edit_yaml_text, follow_derived
+from .yamledit import YamlEditError, edit_yaml_text, follow_derived, load_text
 from .search import as_shipped_limit, better_layouts, layout_answers, layout_name, smallest_fitting_scale
 
 def diagnose(path_or_dict: Any, hardware_name: str = "atlas-800t-a2", devices: int | None = None,
@@ -618,8 +618,7 @@ def write_outputs(r: dict, out_dir: str, source_path: str | None = None) -> dict
         try:
             with open(source_path) as f:
                 text = f.read()
-            loaded = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # as readers.load_yaml
-            body, how = edit_yaml_text(text, follow_derived(loaded, text_changes)), "edited in place"
+            body, how = edit_yaml_text(text, follow_derived(load_text(text), text_changes)), "edited in place"
         except (OSError, UnicodeDecodeError, YamlEditError) as e:
             how = f"dumped whole: the source could not be edited in place ({e}); its comments are not kept"
     head += f"# {how}\n"

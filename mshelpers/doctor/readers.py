@@ -33,6 +33,7 @@ from .keys import key_flags
 from .layouts import (_budget, _count, _dtype, _flag, _is_int, _per_stage, _select_ops, checked, parse_size,
                       pynative_chunks, pynative_recompute, stage_split)
 from .variants import edited_yaml
+from .yamledit import load_text
 
 _HALF = ("float16", "bfloat16", "fp16", "bf16")
 
@@ -523,8 +524,7 @@ def load_yaml(path_or_dict: Any) -> dict:
     try:
         with open(path_or_dict, "rb") as f:
             data = f.read()
-        # libyaml's C parser where PyYAML has it (its wheels do): the same mapping as safe_load, about 10x faster
-        d = yaml.load(data.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        d = load_text(data.decode("utf-8"))
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise DoctorError("CONFIG", str(path_or_dict), "pass the path of an existing mindformers YAML") from None
     except UnicodeDecodeError:

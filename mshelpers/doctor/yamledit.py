@@ -96,11 +96,18 @@ def _set(d: dict, dotted: str, v: Any) -> None:
     node[last] = v
 
 
-def _loader(yaml: Any):
-    # libyaml's C parser when PyYAML was built with it (the wheels are): the same mapping as yaml.safe_load, about 10x
-    # faster, and the edit loop parses the whole file once per changed key
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return lambda text: yaml.load(text, Loader=loader)
+def _safe_loader(yaml: Any) -> Any:
+    # libyaml's parser where PyYAML was built with it (its wheels are): the same mapping as SafeLoader's, about 9x as
+    # fast over tests/data's 152 files; mindformers itself loads with SafeLoader
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_text(text: str) -> Any:
+    """YAML text parsed as yaml.safe_load parses it, on libyaml's parser where PyYAML has it: the doctor's one parse
+    (the edit loop below parses a whole file once per changed key). Raises yaml.YAMLError as safe_load does.
+    Taught in: no notebook; doctor/readers.py, doctor/diagnosis.py call it."""
+    import yaml
+    return yaml.load(text, Loader=_safe_loader(yaml))
 
 
 def edit_yaml_text(text: str, changes: dict[str, Any]) -> str:
@@ -108,10 +115,9 @@ def edit_yaml_text(text: str, changes: dict[str, Any]) -> str:
     YamlEditError when the edited text does not parse to the original mapping with those keys set.
     Taught in: no notebook; doctor/diagnosis.py calls it."""
     import yaml
-    load = _loader(yaml)
     lines = text.split("\n")
     for dotted, v in changes.items():
-        if _get(load("\n".join(lines)), dotted) == v:
+        if _get(load_text("\n".join(lines)), dotted) == v:
             continue                # already so: a derived key written with an alias of the changed one
         idx = _index(lines)
         if dotted in idx:
@@ -134,13 +140,13 @@ def edit_yaml_text(text: str, changes: dict[str, Any]) -> str:
         child_indent = min((c[1] for c in children), default=indent + 2)
         lines.insert(_block_end(lines, i, indent), f"{' ' * child_indent}{last}: {flow(v)}")
     new = "\n".join(lines)
-    want = copy.deepcopy(load(text))
+    want = copy.deepcopy(load_text(text))
     shared = alias_paths(text)
     for dotted, v in changes.items():
         for path in [dotted, *shared.get(dotted, ())]:     # an anchored value: its aliases follow it
             _set(want, path, v)
     try:
-        got = load(new)
+        got = load_text(new)
     except yaml.YAMLError as e:
         raise YamlEditError(f"the edited text is not YAML ({str(e).splitlines()[0]})") from None
     if got != want:
@@ -154,7 +160,7 @@ def alias_paths(text: str) -> dict[str, list[str]]:
     Taught with the rest of doctor/yamledit.py in notebooks/12_your_config.ipynb."""
     import yaml
     try:
-        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        root = yaml.compose(text, Loader=_safe_loader(yaml))
     except yaml.YAMLError:
         return {}
     seen: dict[int, list[str]] = {}

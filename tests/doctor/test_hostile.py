@@ -61,15 +61,6 @@ READ_KEYS = {k for names in ALIASES.values() for k in names} | {a or b for a, b 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)        # libyaml when there: the sweep writes ~5000 files
 
 
-@pytest.fixture
-def fast_yaml(monkeypatch):
-    """Every yaml.safe_load on libyaml's parser (same SafeConstructor, same dicts). The doctor's own reader and
-    in-place editor use it already (readers.load_yaml, yamledit); this puts the rest of a run on it too (the
-    sweep writes and reads ~5000 files, and it is about the readers, not the parser)."""
-    if getattr(yaml, "CSafeLoader", None):
-        monkeypatch.setattr(yaml, "safe_load", lambda s: yaml.load(s, Loader=yaml.CSafeLoader))
-
-
 def _model_keys(d: dict) -> tuple[tuple, dict]:
     m = d.get("model")
     if isinstance(m, dict) and isinstance(m.get("model_config"), dict):
@@ -169,7 +160,7 @@ def test_the_trimmed_seed_reads_as_the_published_one(seed, tmp_path, capsys):
 
 @pytest.mark.parametrize("seed,path", CASES, ids=[f"{s.rsplit('/', 1)[-1][:-5]}:{'.'.join(map(str, p))}"
                                                    for s, p in CASES])
-def test_a_hostile_value_at_a_key_that_matters(seed, path, tmp_path, capsys, fast_yaml):
+def test_a_hostile_value_at_a_key_that_matters(seed, path, tmp_path, capsys):
     bad = []
     for value, vid in zip(HOSTILE, HOSTILE_IDS):
         got = check_case(tmp_path, capsys, mutated(seed, path, value, whole=False))
@@ -241,7 +232,7 @@ def hostile_configs(draw):
 @settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=hostile_configs())
-def test_any_key_any_value_keeps_the_contract(case, tmp_path, capsys, fast_yaml):
+def test_any_key_any_value_keeps_the_contract(case, tmp_path, capsys):
     seed, path, value = case
     got = check_case(tmp_path, capsys, mutated(seed, path, value))
     assert got is None, f"{seed}: {'.'.join(map(str, path))} = {value!r}: {got}"
@@ -257,7 +248,7 @@ def hostile_2x_configs(draw):
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=hostile_2x_configs())
-def test_any_key_any_value_keeps_the_contract_in_the_2x_and_mcore_dialects(case, tmp_path, capsys, fast_yaml):
+def test_any_key_any_value_keeps_the_contract_in_the_2x_and_mcore_dialects(case, tmp_path, capsys):
     """The same property on the 2.x PyNative and mcore seeds alone, half the runs with the layout search on (its
     variants once wrote into a null section: TypeError, issue 49)."""
     seed, path, value, search = case
