@@ -4,7 +4,9 @@
 capture_output=True, text=True)` of the real command: the child runs the CLI's own `main` as its process
 (`cli_process=True`), so exit codes, stderr lines and files on disk are the CLI's. What it skips is the start:
 the imports (about 4.5 s a run) and the order in which a real process installs its signal handling before
-MindSpore starts threads. The tests that send signals or kill a run therefore start real `python -m` processes.
+MindSpore starts threads. The tests that send catchable signals (SIGTERM, SIGINT) therefore start real `python -m`
+processes. SIGKILL cannot be caught, so no handling order matters to it: `start(argv)` forks a child that the
+caller may SIGKILL at any moment of the CLI's own work (`Child.pid`, `Child.wait(timeout)`).
 """
 from __future__ import annotations
 
@@ -65,3 +67,37 @@ def run(argv: list[str], cwd: str | os.PathLike | None = None, timeout: float = 
             raise subprocess.TimeoutExpired(["mshelpers.train", *argv], timeout) from None
         return subprocess.CompletedProcess([sys.executable, "-m", "mshelpers.train", *argv], rc,
                                            out.read_text(), err.read_text())
+
+
+class Child:
+    """A CLI child forked from the server, running while the caller waits on it or kills it (`start`)."""
+
+    def __init__(self, server: subprocess.Popen, pid: int, tmp: tempfile.TemporaryDirectory):
+        self._server, self.pid, self._tmp, self.returncode = server, pid, tmp, None
+
+    def wait(self, timeout: float) -> int:
+        """The exit code (negative: killed by that signal); subprocess.TimeoutExpired while it still runs."""
+        if self.returncode is None:
+            ready, _, _ = select.select([self._server.stdout], [], [], timeout)
+            if not ready:
+                raise subprocess.TimeoutExpired(["mshelpers.train", str(self.pid)], timeout)
+            self.returncode = _read(self._server, 60)["rc"]
+        return self.returncode
+
+    def stderr(self) -> str:
+        return (Path(self._tmp.name) / "stderr").read_text()
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
+def start(argv: list[str], cwd: str | os.PathLike | None = None) -> Child:
+    """Fork one CLI run and return at once; `wait` on it or `os.kill(child.pid, signal.SIGKILL)`, then `wait`.
+    One child at a time per server: wait for its exit code before the next `run` or `start`."""
+    server = _server()
+    tmp = tempfile.TemporaryDirectory(prefix="cli-")
+    out, err = Path(tmp.name) / "stdout", Path(tmp.name) / "stderr"
+    server.stdin.write(json.dumps({"argv": [str(a) for a in argv], "cwd": str(cwd or os.getcwd()),
+                                   "stdout": str(out), "stderr": str(err)}) + "\n")
+    server.stdin.flush()
+    return Child(server, _read(server, 60)["pid"], tmp)

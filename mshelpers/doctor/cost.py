@@ -179,11 +179,16 @@ def pattern_ops(pattern: str) -> list[str]:
 def stage_layer_ids(cfg: Config) -> list[list[int]]:
     """Layer ids per stage (consecutive; VPP chunks keep their per-stage totals).
     Taught with the rest of doctor/cost.py in notebooks/12_your_config.ipynb."""
+    return [list(r) for r in _stage_ranges(tuple(cfg.layout.stage_layers))]
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_ranges(stage_layers: tuple) -> tuple:
     out, start = [], 0
-    for n in cfg.layout.stage_layers:
-        out.append(list(range(start, start + n)))
+    for n in stage_layers:
+        out.append(range(start, start + n))
         start += n
-    return out
+    return tuple(out)
 
 
 def expert_shard(cfg: Config) -> int:
@@ -207,25 +212,28 @@ def expert_replicas(lay: Any) -> int:
 def stage_params(cfg: Config, i: int) -> tuple[float, float]:
     """(dense, expert) parameters on one device of stage i.
     Taught in: no notebook; parallel.py calls it."""
-    return _stage_params(cfg.model, cfg.layout, i)
+    lay = cfg.layout
+    # keyed on what the sums read, not the whole Layout: the search's recompute variants share them
+    return _stage_params(cfg.model, tuple(lay.stage_layers), lay.tp, lay.pp, lay.vocab_emb_dp, _expert_shard(lay), i)
 
 
 @functools.lru_cache(maxsize=65536)
-def _stage_params(m: Model, lay: Any, i: int) -> tuple[float, float]:
-    start = sum(lay.stage_layers[:i])
-    ids = range(start, start + lay.stage_layers[i])
+def _stage_params(m: Model, stage_layers: tuple, tp: int, pp: int, vocab_emb_dp: bool, shard: int,
+                  i: int) -> tuple[float, float]:
+    start = sum(stage_layers[:i])
+    ids = range(start, start + stage_layers[i])
     expert = sum(expert_params(m, j) for j in ids)
     dense = sum(layer_params(m, j) for j in ids) - expert
-    dense = dense / lay.tp
+    dense = dense / tp
     if i == 0:
-        dense += m.vocab * m.hidden / (1 if lay.vocab_emb_dp else lay.tp) + m.positions * m.hidden + m.extra_params
-    if i == lay.pp - 1:
-        dense += (0 if m.tied and lay.pp == 1 else m.vocab * m.hidden / lay.tp) + norm_params(m)
+        dense += m.vocab * m.hidden / (1 if vocab_emb_dp else tp) + m.positions * m.hidden + m.extra_params
+    if i == pp - 1:
+        dense += (0 if m.tied and pp == 1 else m.vocab * m.hidden / tp) + norm_params(m)
         if m.mtp:
             mtp_expert = m.mtp * expert_params(m, m.layers - 1)
             expert += mtp_expert
-            dense += (mtp_params(m) - mtp_expert) / lay.tp
-    return dense, expert / _expert_shard(lay)
+            dense += (mtp_params(m) - mtp_expert) / tp
+    return dense, expert / shard
 
 
 def _rate(peak: float, calib: Any, width: float) -> float:
@@ -390,7 +398,7 @@ def step_time(cfg: Config, hw: Any, calib: Any = None) -> dict[str, Any]:
     cp_bw, cp_lat = topology.ring_link(hw, spans["CP"])
     stage_ranks = lay.dp * lay.cp * lay.tp                         # ranks per pipeline stage (stages outermost)
     ep_lat = topology.ring_link(hw, spans["EP"])[1]
-    ids = stage_layer_ids(cfg)
+    ids = _stage_ranges(tuple(lay.stage_layers))
     per_stage, comp, hbm, tps, eps, cps, p2ps = [], [], [], [], [], [], []
     tps_unfused = []                    # TP as if nothing were fused (MC2 off), per stage
     comp_attn, comp_expert = [], []     # the attention kernels' and routed experts' shares of each stage's compute
@@ -673,29 +681,49 @@ def memory_per_stage(cfg: Config) -> dict[str, Any]:
     one memory model (mshelpers.memory.estimate prices a RunConfig by it). Layout.optimizer_shard slices over dp x cp
     (experts over their replicas): "po" params and states, "zero1" states, "zero2" states and grads, "fsdp" all.
     Taught in notebooks/05_semi_auto_parallel.ipynb."""
-    m, lay, ids = cfg.model, cfg.layout, stage_layer_ids(cfg)
-    accum = lay.grad_accum > 1 or (lay.pp > 1 and lay.micro > 1)
-    # an expert shard's replicas (topology's EDP group): the parallel optimizer shards their states over all of them
-    replicas_expert = expert_replicas(lay)
+    lay = cfg.layout
     totals, parts, buffers = [], [], []
     for i in range(lay.pp):
-        dense, expert = stage_params(cfg, i)
-        first = layer_params(m, ids[i][0]) / lay.tp if ids[i] else 0
-        *states, buffer = _stage_states(lay, dense, expert, first, replicas_expert, accum)
-        part = dict(zip(("params", "grads", "optimizer_states", "activations"),
-                        map(int, (*states, stage_activations(cfg, i)["bytes"]))))
+        part, buffer = _stage_part(cfg, i)
         totals.append(sum(part.values()))           # the parts, each in whole bytes, sum to the total
-        buffers.append(int(buffer))
+        buffers.append(buffer)
         parts.append(part)
     peak = max(range(lay.pp), key=lambda k: totals[k])
     budget = cfg.budget_bytes
-    reserve = 2 * HCCL_BUFFSIZE_BYTES * len(_domains(cfg)) if cfg.hccl_reserve else 0
+    reserve = reserve_bytes(cfg)
     return {"per_stage_bytes": totals, "memory_per_device_bytes": totals[peak], "stage": peak,
             "budget_bytes": budget, "reserve_bytes": reserve,
             "fits": None if budget is None else totals[peak] + reserve <= budget,
             "headroom_bytes": None if budget is None else budget - reserve - totals[peak], "breakdown": parts[peak],
             "per_stage_breakdown": parts, "grad_accum_buffer_bytes": buffers[peak],
             "per_stage_grad_accum_buffer_bytes": buffers}
+
+
+def stage_memory_bytes(cfg: Config, i: int) -> int:
+    """Stage i's bytes per device, memory_per_stage's per_stage_bytes[i], without pricing the other stages: the
+    search bisects the full-recompute layers of one stage at a time.
+    Taught in: no notebook; doctor/search.py calls it."""
+    return sum(_stage_part(cfg, i)[0].values())
+
+
+def reserve_bytes(cfg: Config) -> int:
+    """memory_per_stage's reserve_bytes: HCCL's buffers of the layout's domains when `cfg` counts them (with_reserve).
+    Taught in: no notebook; doctor/search.py calls it."""
+    return 2 * HCCL_BUFFSIZE_BYTES * len(_domains(cfg)) if cfg.hccl_reserve else 0
+
+
+def _stage_part(cfg: Config, i: int) -> tuple[dict, int]:
+    """Stage i's params, grads, optimizer_states and activations in whole bytes, and its accumulation buffer."""
+    m, lay = cfg.model, cfg.layout
+    ids = _stage_ranges(tuple(lay.stage_layers))[i]
+    accum = lay.grad_accum > 1 or (lay.pp > 1 and lay.micro > 1)
+    dense, expert = stage_params(cfg, i)
+    first = layer_params(m, ids[0]) / lay.tp if ids else 0
+    # an expert shard's replicas (topology's EDP group): the parallel optimizer shards their states over all of them
+    *states, buffer = _stage_states(lay, dense, expert, first, expert_replicas(lay), accum)
+    part = dict(zip(("params", "grads", "optimizer_states", "activations"),
+                    map(int, (*states, stage_activations(cfg, i)["bytes"]))))
+    return part, int(buffer)
 
 
 def _stage_states(lay: Any, dense: float, expert: float, first_layer: float, replicas: int, accum: bool) -> tuple:
@@ -724,7 +752,7 @@ def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
     m, lay = cfg.model, cfg.layout
     if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < lay.pp):
         raise DoctorError("stage", i, f"0 <= stage < pp = {lay.pp}")
-    ids = stage_layer_ids(cfg)[i]
+    ids = _stage_ranges(tuple(lay.stage_layers))[i]
     bpv = 2 if lay.compute_dtype in ("float16", "bfloat16") else 4
     seq = m.seq // lay.cp
     full = lay.full_recompute[i]

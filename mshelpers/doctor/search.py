@@ -10,7 +10,8 @@ import dataclasses
 import math
 from typing import Any
 
-from .cost import expert_shard, head_flops, layer_ops, memory_per_stage, step_time
+from .cost import (expert_shard, head_flops, layer_ops, memory_per_stage, reserve_bytes, stage_memory_bytes,
+                   step_time)
 from .describe import Config, DoctorError
 from .profiles import DoctorHardware
 from .variants import edited_yaml, layout_variant
@@ -152,10 +153,12 @@ def _candidates(cfg: Config, hw: DoctorHardware, *, devices: int | None, calib: 
             lo, hi = 0, layers[i]
             while lo < hi:
                 mid = (lo + hi) // 2
-                trial = [layers[j] if j > i else (mid if j == i else counts[j]) for j in range(pp)]
-                e = memory_per_stage(layout_variant(cfg, **kw, recompute=trial, select_recompute=True))
-                # the same test as e["fits"], stage by stage: the stage and the reserve within the budget
-                lo, hi = (lo, mid) if e["per_stage_bytes"][i] + e["reserve_bytes"] <= budget else (mid + 1, hi)
+                trial = layout_variant(cfg, **kw, recompute=[layers[j] if j > i else (mid if j == i else counts[j])
+                                                            for j in range(pp)], select_recompute=True)
+                # the same test as memory_per_stage's "fits", stage by stage: the stage and the reserve within the
+                # budget (only stage i is priced: the others do not change the answer)
+                fits = stage_memory_bytes(trial, i) + reserve_bytes(trial) <= budget
+                lo, hi = (lo, mid) if fits else (mid + 1, hi)
             counts.append(lo)
         if 0 < sum(counts) < sum(layers):
             r = dict(recompute=counts if pp > 1 else counts[0], select_recompute=True)
