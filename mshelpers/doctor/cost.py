@@ -745,35 +745,44 @@ def stage_activations(cfg: Config, i: int = 0) -> dict[str, Any]:
     stage), in_flight (micro-batches held at the peak under the layout's schedule, `in_flight`) and
     bytes = per_micro_batch x in_flight + working + output, the term memory_per_stage adds.
     Taught in: no notebook; doctor/adapt.py, memory.py call it."""
+    m, lay = cfg.model, cfg.layout
+    if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < lay.pp):
+        raise DoctorError("stage", i, f"0 <= stage < pp = {lay.pp}")
+    # kept per what it reads (not the whole Layout, whose other fields the search varies); a fresh dict per call
+    d = _stage_activations(m, tuple(lay.stage_layers), lay.pp, i, lay.compute_dtype, lay.cp, lay.full_recompute[i],
+                           tuple(lay.select_ops[i]), lay.swap, lay.batch, lay.tp, lay.seq_parallel,
+                           in_flight(lay)[i])
+    return dict(d, per_layer=list(d["per_layer"]))
+
+
+@functools.lru_cache(maxsize=65536)
+def _stage_activations(m: Model, stage_layers: tuple, pp: int, i: int, compute_dtype: str, cp: int, full: int,
+                       select_ops: tuple, swap: bool, batch: int, tp: int, seq_parallel: bool,
+                       inflight: int) -> dict[str, Any]:
     if "." in __package__:
         from .. import memory_activations as mem
     else:  # the doctor/ folder copied beside its siblings as plain files
         import memory_activations as mem
-    m, lay = cfg.model, cfg.layout
-    if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < lay.pp):
-        raise DoctorError("stage", i, f"0 <= stage < pp = {lay.pp}")
-    ids = _stage_ranges(tuple(lay.stage_layers))[i]
-    bpv = 2 if lay.compute_dtype in ("float16", "bfloat16") else 4
-    seq = m.seq // lay.cp
-    full = lay.full_recompute[i]
-    sel = max((k for _, k in lay.select_ops[i]), default=0)
+    ids = _stage_ranges(stage_layers)[i]
+    bpv = 2 if compute_dtype in ("float16", "bfloat16") else 4
+    seq = m.seq // cp
+    sel = max((k for _, k in select_ops), default=0)
     memo: dict = {}     # a layer's bytes depend on it only through (MoE or dense, recompute mode)
 
     def layer(j: int, mode: str) -> int:
         key = (m.moe is not None and m.moe.is_moe_layer(j), mode)
         if key not in memo:
-            memo[key] = _layer_activation(mem, m, lay, j, seq, mode, bpv)
+            memo[key] = _activation(mem, m, batch, tp, seq_parallel, key[0], seq, mode, bpv)
         return memo[key]
-    per_layer = [layer(j, "full" if k < full else "selective" if k < full + sel else "none")
-                 for k, j in enumerate(ids)]
+    per_layer = tuple(layer(j, "full" if k < full else "selective" if k < full + sel else "none")
+                      for k, j in enumerate(ids))
     working = 0
     if (full or sel) and ids:
         working = layer(ids[0], "none") - min(per_layer)
-    stored = sum(sorted(per_layer, reverse=True)[:2]) if lay.swap and ids else sum(per_layer)
-    inflight = in_flight(lay)[i]
+    stored = sum(sorted(per_layer, reverse=True)[:2]) if swap and ids else sum(per_layer)
     output = 0
-    if i == lay.pp - 1:
-        output = mem.output_activation_bytes(seq, lay.batch, m.vocab, tp=lay.tp, bytes_per_value=bpv) * (1 + m.mtp)
+    if i == pp - 1:
+        output = mem.output_activation_bytes(seq, batch, m.vocab, tp=tp, bytes_per_value=bpv) * (1 + m.mtp)
     return {"layers": len(ids), "per_layer": per_layer, "per_micro_batch": stored, "working": working,
             "output": output, "in_flight": inflight, "bytes": stored * inflight + working + output}
 
@@ -788,11 +797,6 @@ def in_flight(lay: Any) -> list:
     else:  # the doctor/ folder copied beside its siblings as plain files
         from pipeline import pipeline_in_flight
     return pipeline_in_flight(lay.pp, lay.micro, lay.schedule, lay.vpp, interleaved_order=lay.interleaved_order)
-
-
-def _layer_activation(mem: Any, m: Model, lay: Any, j: int, seq: int, mode: str, bpv: int) -> int:
-    return _activation(mem, m, lay.batch, lay.tp, lay.seq_parallel, m.moe is not None and m.moe.is_moe_layer(j),
-                       seq, mode, bpv)
 
 
 @functools.lru_cache(maxsize=8192)
