@@ -347,7 +347,8 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
     budget_s: with aa_control, after `rounds` keep adding whole rounds while some candidate's verdict on a metric
         of `decide_on` (default: the first of `metrics`) is 'too noisy', the next round fits in `budget_s` seconds counted from the first timed round, and
         fewer than `max_rounds` ran: the band narrows as rounds are added (a busy neighbour costs time, not a
-        verdict). 0 (the default) runs exactly `rounds`. Not with `seeds` (one seed per round is fixed).
+        verdict). 0 (the default) runs exactly `rounds`. With `seeds`, each added round takes the next seed after
+        the largest one so far (the result's `seeds` lists every round's).
     narrow_to: with budget_s, keep adding rounds also while a watched candidate's band is this wide or wider (e.g.
         0.15: a verdict whose band is under ±15 % says more than one decided at ±40 %), within the same budget.
     Taught in notebooks/02_graph_mode.ipynb.
@@ -408,8 +409,6 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         extra_kw = dict(warmup) if isinstance(warmup, dict) else {}
         for name in bar([n for n in names if n != aa_name], "untimed first call of each"):
             warm[name] = call(name, {**specs[name][2], **extra_kw})[0]
-    if budget_s and seeds is not None:
-        raise ValueError("compare_interleaved: budget_s adds rounds, and seeds fixes one seed per round; fix: drop one")
     if not isinstance(max_rounds, int) or max_rounds < rounds:
         raise ValueError(f"compare_interleaved: max_rounds={max_rounds!r} is below rounds={rounds}; fix: max_rounds >= rounds")
     watched = [next(iter(metrics))] if decide_on is None else list(decide_on)
@@ -449,6 +448,8 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
         if progress:
             print(f"round {rounds + 1}: {', '.join(undecided)} still too noisy or too wide; one more round "
                   f"(~{per_round:.0f} s of a {budget_s:.0f} s budget)", flush=True)
+        if seeds is not None:
+            seeds.append(max(seeds) + 1)            # a new round is a new seed: another init and data order
         run_round(rounds, [names[(i + rounds) % len(names)] for i in range(len(names))])
         rounds += 1
 
@@ -479,4 +480,4 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
                     row[f"{m} band"] = got[1]
         table.append(row)
     return {"runs": runs, "table": table, "baseline": baseline, "rounds": rounds, "aa": aa_name,
-            "too_noisy": too_noisy, "band": band, "warmup": warm}
+            "too_noisy": too_noisy, "band": band, "warmup": warm, "seeds": seeds}

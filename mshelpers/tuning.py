@@ -234,7 +234,8 @@ def _describe(config: dict) -> str:
 
 def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Sequence[float]],
              repeats: int = 3, *, save_to: str | os.PathLike | None = None, baseline: dict | None = None,
-             progress: bool = True, aa_control: bool = False) -> TuneResult:
+             progress: bool = True, aa_control: bool = False, budget_s: float = 0.0, max_repeats: int = 12,
+             narrow_to: float | None = None) -> TuneResult:
     """Time every candidate `repeats` times and keep the fastest (lowest median).
 
     `measure_fn(config)` returns seconds (lower is better), e.g. one step's time. Calls go
@@ -247,6 +248,11 @@ def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Se
     copy, so it is not tied to the last place). Those
     samples go into the baseline's row as `aa_samples_s`, aligned by repeat with `samples_s`: the noise a
     verdict must clear (`report.claim_timing(..., control=...)`). The copy is never a candidate for best.
+    budget_s: with aa_control, after `repeats` keep adding whole repeats (the rotation goes on) while some
+    candidate's verdict against the baseline (`timing.decide` on the per-repeat seconds, lower is better) is
+    'too noisy', or its band is `narrow_to` or wider; while the next repeat fits in `budget_s` seconds counted
+    from the first call, and fewer than `max_repeats` ran. A noisier machine then pays time, not a verdict that
+    cannot tell. `meta["repeats"]` says how many ran.
     Taught in notebooks/07_mindir_aoe.ipynb.
     """
     if isinstance(candidates, dict) or not isinstance(candidates, (list, tuple)) or not candidates:
@@ -266,6 +272,17 @@ def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Se
         raise ValueError(f"autotune: aa_control=True needs a baseline and repeats >= 2 (got baseline={baseline!r}, "
                          f"repeats={repeats}); fix: name the baseline config and time at least 2 repeats")
 
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s >= 0:
+        raise ValueError(f"autotune: budget_s={budget_s!r} is invalid; fix: seconds >= 0 (0: exactly `repeats`)")
+    if budget_s and not aa_control:
+        raise ValueError("autotune: budget_s adds repeats until the verdicts against the A/A copy decide; fix: "
+                         "pass aa_control=True with it, or budget_s=0")
+    if isinstance(max_repeats, bool) or not isinstance(max_repeats, int) or max_repeats < repeats:
+        raise ValueError(f"autotune: max_repeats={max_repeats!r} is below repeats={repeats}; fix: max_repeats >= repeats")
+    if narrow_to is not None and (isinstance(narrow_to, bool) or not isinstance(narrow_to, (int, float))
+                                  or not 0 < narrow_to < 1):
+        raise ValueError(f"autotune: narrow_to={narrow_to!r} is invalid; fix: a relative band, e.g. 0.15, or None")
+
     import sys
     from tqdm.std import tqdm   # a text bar: renders in nbconvert and JupyterLab, no widget state to go stale
     # the A/A copy is one more slot, timing the baseline's config: the same measure_fn, the same build
@@ -274,7 +291,8 @@ def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Se
     done = [False] * len(slots)
     bar = tqdm(total=len(slots) * repeats, desc="autotune", disable=not progress, file=sys.stdout,
                mininterval=0.5)
-    for r in range(repeats):
+
+    def one_repeat(r: int) -> None:
         for i in [*range(len(slots))][r % len(slots):] + [*range(len(slots))][:r % len(slots)]:
             if done[i]:
                 continue
@@ -288,6 +306,32 @@ def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Se
                 samples[i].append(float(value))
                 bar.update(1)
             bar.set_postfix(last=_describe(cfg))
+
+    t0 = time.perf_counter()
+    for r in range(repeats):
+        one_repeat(r)
+    # lists from measure_fn fix their own repeats: nothing to add to
+    while budget_s and repeats < max_repeats and not any(done):
+        if __package__:
+            from .timing import decide
+        else:  # copied beside its siblings as plain files
+            from timing import decide
+        b = candidates.index(baseline)
+        undecided = []
+        for i, cfg in enumerate(candidates):
+            if i != b and all(v > 0 for v in samples[b] + samples[i] + samples[-1]):
+                verdict, band = decide(samples[b], samples[i], samples[-1], higher_is_better=False)
+                if verdict == "too noisy" or (narrow_to is not None and band >= narrow_to):
+                    undecided.append(f"{_describe(cfg)} (±{100 * band:.0f} %)")
+        per_repeat = (time.perf_counter() - t0) / repeats
+        if not undecided or time.perf_counter() - t0 + per_repeat > budget_s:
+            break
+        if progress:
+            print(f"repeat {repeats + 1}: {', '.join(undecided)} still too noisy or too wide; one more "
+                  f"(~{per_repeat:.0f} s of a {budget_s:.0f} s budget)", flush=True)
+        bar.total += len(slots)
+        one_repeat(repeats)
+        repeats += 1
     bar.close()
 
     for cfg, s in zip(slots, samples):

@@ -51,24 +51,6 @@ def _read(server: subprocess.Popen, timeout: float) -> dict:
     return json.loads(line)
 
 
-def run(argv: list[str], cwd: str | os.PathLike | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    server = _server()
-    with tempfile.TemporaryDirectory(prefix="cli-") as d:
-        out, err = Path(d) / "stdout", Path(d) / "stderr"
-        server.stdin.write(json.dumps({"argv": [str(a) for a in argv], "cwd": str(cwd or os.getcwd()),
-                                       "stdout": str(out), "stderr": str(err)}) + "\n")
-        server.stdin.flush()
-        pid = _read(server, 60)["pid"]
-        try:
-            rc = _read(server, timeout)["rc"]
-        except RuntimeError:                        # a hung run: kill it, take its reply, say so
-            os.kill(pid, signal.SIGKILL)
-            _read(server, 60)
-            raise subprocess.TimeoutExpired(["mshelpers.train", *argv], timeout) from None
-        return subprocess.CompletedProcess([sys.executable, "-m", "mshelpers.train", *argv], rc,
-                                           out.read_text(), err.read_text())
-
-
 class Child:
     """A CLI child forked from the server, running while the caller waits on it or kills it (`start`)."""
 
@@ -83,6 +65,9 @@ class Child:
                 raise subprocess.TimeoutExpired(["mshelpers.train", str(self.pid)], timeout)
             self.returncode = _read(self._server, 60)["rc"]
         return self.returncode
+
+    def stdout(self) -> str:
+        return (Path(self._tmp.name) / "stdout").read_text()
 
     def stderr(self) -> str:
         return (Path(self._tmp.name) / "stderr").read_text()
@@ -101,3 +86,20 @@ def start(argv: list[str], cwd: str | os.PathLike | None = None) -> Child:
                                    "stdout": str(out), "stderr": str(err)}) + "\n")
     server.stdin.flush()
     return Child(server, _read(server, 60)["pid"], tmp)
+
+
+def run(argv: list[str], cwd: str | os.PathLike | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """One CLI run to its end, as `subprocess.run(capture_output=True, text=True)` gives it; a run still going
+    after `timeout` is killed and raises subprocess.TimeoutExpired."""
+    child = start(argv, cwd)
+    try:
+        try:
+            rc = child.wait(timeout)
+        except subprocess.TimeoutExpired:           # a hung run: kill it, take its exit code, say so
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(60)
+            raise subprocess.TimeoutExpired(["mshelpers.train", *argv], timeout) from None
+        return subprocess.CompletedProcess([sys.executable, "-m", "mshelpers.train", *argv], rc,
+                                           child.stdout(), child.stderr())
+    finally:
+        child.close()

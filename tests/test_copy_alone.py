@@ -574,6 +574,13 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("report", "run_summaries"): (_TRAIN_CHAIN, ""),
     ("report", "resume_check"): (_TRAIN_CHAIN, ""),
     ("report", "ablation_run"): (_TRAIN_CHAIN, ""),
+    ("tuning", "autotune"): (("timing",), """
+        import itertools
+        noisy = itertools.cycle([1.0, 1.4, 0.7, 1.1, 0.8, 1.3, 0.9])     # a no-op too noisy to call at 2 repeats
+        res = m.autotune([{"k": 1}, {"k": 2}], lambda c: next(noisy), repeats=2, baseline={"k": 1},
+                         aa_control=True, budget_s=60, max_repeats=4, progress=False)
+        assert res.meta["repeats"] == 4
+        assert "mindspore" not in sys.modules"""),
     ("tuning", "enable_online_tuning"): (("device",), ""),
     ("tuning", "TrainStepTimer"): (_TRAIN_CHAIN, ""),
     ("tuning", "isolated_step_times"): (_TRAIN_CHAIN, ""),

@@ -292,8 +292,22 @@ def test_budget_adds_rounds_until_the_verdict_decides():
     narrowed = compare_interleaved({"base": base, "slower": slower}, rounds=3, isolate=False, progress=False,
                                    aa_control=True, budget_s=600, max_rounds=12, narrow_to=0.15)
     assert narrowed["rounds"] == 12
-    with pytest.raises(ValueError, match="seeds"):
-        compare_interleaved({"base": base}, seeds=[1, 2], isolate=False, progress=False, aa_control=True, budget_s=5)
+    k["calls"] = 0
+    seen = []
+
+    def base_seeded(seed):
+        seen.append(seed)
+        return base()
+
+    def slower_seeded(seed):
+        seen.append(seed)
+        return slower()
+    # with seeds, every added round is a new seed, after the largest so far; the same 9 rounds decide
+    seeded = compare_interleaved({"base": base_seeded, "slower": slower_seeded}, seeds=[5, 9, 2], isolate=False,
+                                 progress=False, aa_control=True, budget_s=600, max_rounds=12)
+    assert seeded["rounds"] == 9 and seeded["seeds"] == [5, 9, 2, 10, 11, 12, 13, 14, 15]
+    assert seen == [r["seed"] for r in seeded["runs"]] == [s for s in seeded["seeds"] for _ in range(3)]
+    assert {r["name"]: r.get("median_step_s verdict") for r in seeded["table"]}["slower"] == "regression"
     with pytest.raises(ValueError, match="max_rounds"):
         compare_interleaved({"base": base}, rounds=3, isolate=False, progress=False, aa_control=True, max_rounds=2)
     k["calls"] = 0

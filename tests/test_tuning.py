@@ -145,6 +145,64 @@ def test_autotune_aa_control_times_the_baseline_twice_per_repeat_and_never_picks
         T.autotune([{"k": 1}, {"k": 2}], measure, repeats=1, baseline={"k": 1}, aa_control=True, progress=False)
 
 
+def _noisy_measure(sigma, cand_factor=1.0, seed=0):
+    """seconds per call: baseline (and its A/A copy) 1.0, the candidate `cand_factor`, each times lognormal noise"""
+    import numpy as np
+    rng, calls = np.random.default_rng(seed), []
+
+    def measure(cfg):
+        calls.append(cfg["k"])
+        return float((cand_factor if cfg["k"] == 2 else 1.0) * np.exp(sigma * rng.standard_normal()))
+    return measure, calls
+
+
+def test_autotune_budget_adds_repeats_only_while_a_verdict_cannot_tell():
+    # a clear regression decides at `repeats`: nothing added
+    measure, calls = _noisy_measure(0.01, cand_factor=2.0)
+    res = T.autotune([{"k": 1}, {"k": 2}], measure, repeats=3, baseline={"k": 1}, aa_control=True,
+                     budget_s=60, max_repeats=8, progress=False)
+    assert res.meta["repeats"] == 3 and len(calls) == 9
+    # a no-op on a machine this noisy stays 'too noisy': repeats are added, whole (3 slots each), up to max_repeats
+    measure, calls = _noisy_measure(0.3)
+    res = T.autotune([{"k": 1}, {"k": 2}], measure, repeats=3, baseline={"k": 1}, aa_control=True,
+                     budget_s=60, max_repeats=6, progress=False)
+    base = next(r for r in res.rows if r["config"] == {"k": 1})
+    assert res.meta["repeats"] == 6 and len(calls) == 18 and len(base["samples_s"]) == len(base["aa_samples_s"]) == 6
+    assert calls[9:12] == [1, 2, 1]                                  # the rotation goes on: repeat 4 starts at slot 0
+    # the same noise with no budget: exactly `repeats`
+    measure, calls = _noisy_measure(0.3)
+    assert T.autotune([{"k": 1}, {"k": 2}], measure, repeats=3, baseline={"k": 1}, aa_control=True,
+                      progress=False).meta["repeats"] == 3
+    # a budget the next repeat does not fit in: stops at `repeats`
+    import time
+
+    def slow(cfg, inner=_noisy_measure(0.3)[0]):
+        time.sleep(0.02)
+        return inner(cfg)
+    assert T.autotune([{"k": 1}, {"k": 2}], slow, repeats=3, baseline={"k": 1}, aa_control=True, budget_s=0.2,
+                      max_repeats=9, progress=False).meta["repeats"] == 3
+    # a decided 'within noise' whose band is wider than narrow_to: repeats are added for narrow_to alone
+    measure, calls = _noisy_measure(0.02)
+    assert T.autotune([{"k": 1}, {"k": 2}], measure, repeats=3, baseline={"k": 1}, aa_control=True, budget_s=60,
+                      max_repeats=5, progress=False).meta["repeats"] == 3
+    measure, calls = _noisy_measure(0.02)
+    assert T.autotune([{"k": 1}, {"k": 2}], measure, repeats=3, baseline={"k": 1}, aa_control=True, budget_s=60,
+                      max_repeats=5, narrow_to=0.001, progress=False).meta["repeats"] == 5
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(budget_s=-1), "budget_s=-1"),
+    (dict(budget_s=True), "budget_s=True"),
+    (dict(budget_s=10, aa_control=False), "aa_control=True with it"),
+    (dict(budget_s=10, max_repeats=2), "max_repeats=2 is below repeats=3"),
+    (dict(budget_s=10, narrow_to=1.5), "narrow_to=1.5"),
+])
+def test_autotune_rejects_a_bad_budget(kw, match):
+    args = dict(repeats=3, baseline={"k": 1}, aa_control=True, progress=False) | kw
+    with pytest.raises(ValueError, match=match):
+        T.autotune([{"k": 1}, {"k": 2}], lambda c: 1.0, **args)
+
+
 @pytest.mark.parametrize("cands, repeats, match", [
     ([], 3, "candidates"),
     ({"a": 1}, 3, "candidates"),
