@@ -310,13 +310,14 @@ def autotune(candidates: Sequence[dict], measure_fn: Callable[[dict], float | Se
     t0 = time.perf_counter()
     for r in range(repeats):
         one_repeat(r)
-    # lists from measure_fn fix their own repeats: nothing to add to
-    while budget_s and repeats < max_repeats and not any(done):
+    if budget_s:
         if __package__:
             from .timing import decide
         else:  # copied beside its siblings as plain files
             from timing import decide
         b = candidates.index(baseline)
+    # lists from measure_fn fix their own repeats: nothing to add to
+    while budget_s and repeats < max_repeats and not any(done):
         undecided = []
         for i, cfg in enumerate(candidates):
             if i != b and all(v > 0 for v in samples[b] + samples[i] + samples[-1]):
