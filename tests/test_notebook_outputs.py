@@ -208,8 +208,11 @@ def test_the_hygiene_checks_can_fail():
 
 
 # ---------------------------------------------------------------- the committed run decides what it measures
-# a line claim_timing prints: a claim with its verdict, a measured open question, or a run that could not tell
-TIMING_LINE = re.compile(r"\[verdict=(win|regression|within noise)[,;]|^TOO NOISY to decide", re.M)
+# a line claim_timing prints: a claim with its verdict, a measured open question, or a run that could not tell (its
+# own form, "TOO NOISY to decide <cand> against <base>: ...; a band of ..."). claim_within and 08's straggler check
+# print other TOO NOISY lines: none goes through claim_timing, so none is in the manifest, and TOO_NOISY finds them all
+TIMING_LINE = re.compile(r"\[verdict=(win|regression|within noise)[,;]|^TOO NOISY to decide .+; a band of ", re.M)
+TOO_NOISY = re.compile(r"^TOO NOISY to decide.*$", re.M)
 
 
 def timing_verdicts(stamps: dict) -> dict[str, list[dict]]:
@@ -242,6 +245,33 @@ def check_timing_manifest(stamps: dict, printed: dict[str, int]) -> float:
 def test_the_committed_run_lists_every_timing_verdict_with_its_band_and_each_wide_band_its_reason():
     printed = {nb.name: sum(len(TIMING_LINE.findall(t)) for c in cells(nb) for t in texts(c)) for nb in NOTEBOOKS}
     check_timing_manifest(run_stamps(), printed)
+
+
+def check_decided(printed: dict[str, list[str]]) -> None:
+    """No check of the committed run said it could not tell, whichever helper printed it (claim_timing, claim_within,
+    08's straggler check): each such line is named, so the refusal says which check to re-run."""
+    noisy = [(n, line[:160]) for n, lines in printed.items() for line in lines]
+    assert not noisy, (f"the committed run printed {len(noisy)} 'TOO NOISY' line(s): {noisy}; re-run `make outputs` "
+                       "on an idle machine")
+
+
+def test_the_committed_run_prints_no_too_noisy_line():
+    check_decided({nb.name: [m for c in cells(nb) for t in texts(c) for m in TOO_NOISY.findall(t)] for nb in NOTEBOOKS})
+
+
+def test_the_decided_check_can_fail_and_the_count_reads_claim_timing_lines_only():
+    straggler = ("TOO NOISY to decide the straggler check on this run: slowed compute CPU ratio 1.2 against the clean "
+                 "phase's band ±175.0 % (clean ratio 3.140, imbalanced) and the slowed phase's own ±40.0 %")
+    timing = ("TOO NOISY to decide profiled steps against unprofiled steps: median 266 ms; a band of ±15.7 % (a "
+              "verdict needs the effect to clear it)")
+    within = "TOO NOISY to decide: the line predicts it within 2x  [ratio=0.3, band=9]: the miss lies inside"
+    text = "\n".join([straggler, timing, within, "✓ a faster than b  [verdict=win, expected=win]"])
+    assert len(TIMING_LINE.findall(text)) == 2            # claim_timing's own two: the manifest lists exactly those
+    assert len(TOO_NOISY.findall(text)) == 3
+    with pytest.raises(AssertionError, match=r"printed 1 'TOO NOISY' line\(s\): \[\('08_profiling.ipynb', .TOO NOISY "
+                                             r"to decide the straggler check"):
+        check_decided({"08_profiling.ipynb": [straggler], "09.ipynb": []})
+    check_decided({"08_profiling.ipynb": [], "09.ipynb": []})
 
 
 def test_the_timing_manifest_check_can_fail():
@@ -321,3 +351,21 @@ def test_busy_neighbour_sorts_verdicts_against_the_committed_run():
     assert res["too noisy (which, band, load)"] == [(("a", "c"), 0.4, "3.1")]
     assert res["decided otherwise"] == [(("a", "c"), "within noise", "regression", "undecided")]
     assert res["not in the committed run"] == [(("x", "y"), "win")]
+
+
+def test_make_outputs_names_every_too_noisy_line_a_notebook_printed(tmp_path):
+    """run_outputs' per-notebook line counts the checks that could not tell from the executed notebook itself, so a
+    straggler check (not in the verdict log) is counted too; a notebook it cannot read counts none, without a crash."""
+    from run_outputs import _too_noisy_lines
+    nb = tmp_path / "08.ipynb"
+    nb.write_text(json.dumps({"cells": [
+        {"cell_type": "code", "outputs": [{"output_type": "stream", "text": ["x\n", "TOO NOISY to decide the straggler "
+                                                                            "check on this run: ratio 3.1\n"]}]},
+        {"cell_type": "markdown", "source": "TOO NOISY to decide (markdown is not output)"},
+        {"cell_type": "code", "outputs": [{"output_type": "stream", "text": "TOO NOISY to decide a against b: m; a "
+                                                                            "band of ±20 %\n✓ done\n"}]}]}))
+    assert _too_noisy_lines(nb) == ["TOO NOISY to decide the straggler check on this run: ratio 3.1",
+                                    "TOO NOISY to decide a against b: m; a band of ±20 %"]
+    nb.write_text('{"cells": [')                                  # a torn file: counted as none, said by the test above
+    assert _too_noisy_lines(nb) == []
+    assert _too_noisy_lines(tmp_path / "missing.ipynb") == []
