@@ -34,9 +34,11 @@ cookbook: $(STAMP)
 # and tidy their outputs, for committing (one at a time: they time things). Commit the run of all of them:
 #   make outputs                      every notebook;   make outputs NB='notebooks/09_*.ipynb'   some (for iterating:
 #                                     tests/test_notebook_outputs.py fails until every notebook comes from one run)
+# A notebook that could not tell (a TOO NOISY line) stops the run there: OUTPUTS_ARGS=--keep-going runs the rest.
 NB ?= $(NOTEBOOKS)
+OUTPUTS_ARGS ?=
 outputs: $(STAMP)
-	$(BIN)/python tests/run_outputs.py $(NB)
+	$(BIN)/python tests/run_outputs.py $(OUTPUTS_ARGS) $(NB)
 	$(BIN)/python tests/tidy_outputs.py $(NB)
 	$(BIN)/pytest -q -p no:cacheprovider tests/test_notebook_outputs.py
 

@@ -369,3 +369,41 @@ def test_make_outputs_names_every_too_noisy_line_a_notebook_printed(tmp_path):
     nb.write_text('{"cells": [')                                  # a torn file: counted as none, said by the test above
     assert _too_noisy_lines(nb) == []
     assert _too_noisy_lines(tmp_path / "missing.ipynb") == []
+
+
+def _fake_nbconvert(printed: dict[str, str], ran: list[str], real_run):
+    """subprocess.run for run_outputs: `jupyter nbconvert --execute --inplace NB` writes `printed[NB's name]` as the
+    notebook's one output, as an executed notebook holds it; every other command (git) runs for real."""
+    def run(cmd, *a, **kw):
+        if "nbconvert" not in cmd:
+            return real_run(cmd, *a, **kw)
+        nb = Path(cmd[-1])
+        ran.append(nb.name)
+        nb.write_text(json.dumps({"cells": [{"cell_type": "code", "source": "f()", "outputs": [
+            {"output_type": "stream", "name": "stdout", "text": printed[nb.name]}]}], "metadata": {}}))
+        return real_run(["true"])
+    return run
+
+
+def test_make_outputs_stops_at_the_first_notebook_that_could_not_tell(tmp_path, monkeypatch, capsys):
+    import subprocess
+    import readme_figures
+    import run_outputs
+    printed = {"01.ipynb": "✓ fine\n", "02.ipynb": "TOO NOISY to decide the straggler check on this run: x\n",
+               "03.ipynb": "✓ fine\n"}
+    nbs = []
+    for name in printed:
+        (tmp_path / name).write_text('{"cells": [], "metadata": {}}')
+        nbs.append(str(tmp_path / name))
+    monkeypatch.setenv("MSHELPERS_BUILD", str(tmp_path / "build"))
+    monkeypatch.setattr(readme_figures, "write_for", lambda names: None)     # README is not this test's
+    ran: list[str] = []
+    monkeypatch.setattr(run_outputs.subprocess, "run", _fake_nbconvert(printed, ran, subprocess.run))
+    assert run_outputs.main(nbs) == 1 and ran == ["01.ipynb", "02.ipynb"]       # 03 never ran
+    err = capsys.readouterr().err
+    assert "02.ipynb could not tell 1 time(s)" in err and "--keep-going" in err
+    assert all("cookbook_run" not in json.loads((tmp_path / n).read_text())["metadata"] for n in printed)  # no stamp
+    # --keep-going runs the rest and stamps the run (test_notebook_outputs then refuses it, naming the line)
+    ran.clear()
+    assert run_outputs.main(["--keep-going", *nbs]) == 0 and ran == list(printed)
+    assert all("cookbook_run" in json.loads((tmp_path / n).read_text())["metadata"] for n in printed)
