@@ -2,6 +2,9 @@
 
     python tests/busy_neighbour.py make test          (issue 48: `make test` passes with a busy loop on one core)
 
+The command runs in the checkout this file belongs to (the folder above tests/), whatever the current directory: to
+test a fresh clone, run the clone's own copy, `python CLONE/tests/busy_neighbour.py bash .ci/run`.
+
 A child process spins on the last core (`os.sched_setaffinity`) for as long as the command runs. Every timing
 verdict the notebooks print is appended to a JSON-lines log ($MSHELPERS_VERDICT_LOG, which `report.claim_timing`
 writes), and at the end each is matched, by its two names, with the verdict the committed notebooks' manifest holds
