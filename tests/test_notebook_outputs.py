@@ -210,9 +210,9 @@ def test_the_hygiene_checks_can_fail():
 # ---------------------------------------------------------------- the committed run decides what it measures
 # a line claim_timing prints: a claim with its verdict, a measured open question, or a run that could not tell (its
 # own form, "TOO NOISY to decide <cand> against <base>: ...; a band of ..."). claim_within and 08's straggler check
-# print other TOO NOISY lines: none goes through claim_timing, so none is in the manifest, and TOO_NOISY finds them all
+# print other TOO NOISY lines: none goes through claim_timing, so none is in the manifest; make outputs' reader of
+# them (run_outputs._too_noisy_lines) finds them all
 TIMING_LINE = re.compile(r"\[verdict=(win|regression|within noise)[,;]|^TOO NOISY to decide .+; a band of ", re.M)
-TOO_NOISY = re.compile(r"^TOO NOISY to decide.*$", re.M)
 
 
 def timing_verdicts(stamps: dict) -> dict[str, list[dict]]:
@@ -256,10 +256,12 @@ def check_decided(printed: dict[str, list[str]]) -> None:
 
 
 def test_the_committed_run_prints_no_too_noisy_line():
-    check_decided({nb.name: [m for c in cells(nb) for t in texts(c) for m in TOO_NOISY.findall(t)] for nb in NOTEBOOKS})
+    from run_outputs import _too_noisy_lines           # the reader make outputs stops on: one definition of the line
+    check_decided({nb.name: _too_noisy_lines(nb) for nb in NOTEBOOKS})
 
 
-def test_the_decided_check_can_fail_and_the_count_reads_claim_timing_lines_only():
+def test_the_decided_check_can_fail_and_the_count_reads_claim_timing_lines_only(tmp_path):
+    from run_outputs import _too_noisy_lines
     straggler = ("TOO NOISY to decide the straggler check on this run: slowed compute CPU ratio 1.2 against the clean "
                  "phase's band ±175.0 % (clean ratio 3.140, imbalanced) and the slowed phase's own ±40.0 %")
     timing = ("TOO NOISY to decide profiled steps against unprofiled steps: median 266 ms; a band of ±15.7 % (a "
@@ -267,7 +269,9 @@ def test_the_decided_check_can_fail_and_the_count_reads_claim_timing_lines_only(
     within = "TOO NOISY to decide: the line predicts it within 2x  [ratio=0.3, band=9]: the miss lies inside"
     text = "\n".join([straggler, timing, within, "✓ a faster than b  [verdict=win, expected=win]"])
     assert len(TIMING_LINE.findall(text)) == 2            # claim_timing's own two: the manifest lists exactly those
-    assert len(TOO_NOISY.findall(text)) == 3
+    nb = tmp_path / "nb.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "outputs": [{"output_type": "stream", "text": text}]}]}))
+    assert len(_too_noisy_lines(nb)) == 3
     with pytest.raises(AssertionError, match=r"printed 1 'TOO NOISY' line\(s\): \[\('08_profiling.ipynb', .TOO NOISY "
                                              r"to decide the straggler check"):
         check_decided({"08_profiling.ipynb": [straggler], "09.ipynb": []})

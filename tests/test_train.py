@@ -181,7 +181,7 @@ def test_a_warm_run_trains_exactly_as_a_fresh_one_without_compiling_again(tmp_pa
     # (idle, 2 cores: 0.28-0.35 s against 2.8-3.2 s; beside a busy loop, 0.35-0.43 against 2.6-3.2). CPU time, not the
     # first step's wall time: beside a busy loop a warm 13 ms first step once read 1.57 s (the process waiting, not
     # compiling), against a fresh one's 2.65 s
-    assert warm.built[3] is first.built[3]
+    assert warm.built[3] is first.built[3]        # built = (cfg, net, optimizer, step): the same compiled step
     assert cpu2 - cpu1 < (cpu1 - cpu0) / 4, (cpu2 - cpu1, cpu1 - cpu0)
 
     # refused in one line, the earlier run's model untouched
