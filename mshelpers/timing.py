@@ -174,7 +174,9 @@ def _run_child(fn: Callable, args: tuple, kwargs: dict, *, timeout: float, env: 
 
 
 # ------------------------------------------------------------------ verdicts: win, regression, within noise, too noisy
-TIGHT_BAND = 0.15   # "within noise" says something only when the noise is narrower than this; wider is "too noisy"
+TIGHT_BAND = 0.15   # "within noise" says a change is smaller than this: the measured effect and its band together
+# must lie inside ±15 %. An effect of -13 % against a band of ±15 % is consistent with a 28 % regression and with none;
+# calling it "within noise" would contradict a real regression on no evidence, so it is "too noisy"
 # Standard errors of the median ratio that a change must clear, and the rounds allowed to disagree on its direction
 # (one in six). bench/sim_verdicts.py chose them (20,000 trials, 3 % run noise, 10 % drift between rounds): a no-op
 # is called a change in 2.1 % of 3-round runs, 0.8 % of 4-round and 1.1 % of 6-round ones, where 2 standard errors
@@ -193,14 +195,17 @@ def verdict(base: list[float], cand: list[float], higher_is_better: bool = True,
     A change counts only when it clears the noise: the difference of the medians must exceed the larger of the
     two round-to-round ranges (max - min) and `rel_floor` (2 %) of the baseline's median, so that a metric that
     repeats exactly (peak memory of identical runs) does not call a 0.1 % difference a regression. A change that
-    does not clear it is 'within noise' only when that noise is under TIGHT_BAND (15 %) of the baseline; a wider
-    noise could hide a real change of that size, so the machine could not tell: 'too noisy'.
+    does not clear it is 'within noise' only when the difference and the noise together stay under TIGHT_BAND
+    (15 %) of the baseline: then any real change is smaller than that. Otherwise the noise could hide a change of
+    that size, so the machine could not tell: 'too noisy'.
 
         >>> verdict([100, 101, 102], [80, 81, 82], higher_is_better=False)
         'win'
         >>> verdict([100, 101, 102], [100, 102, 103], higher_is_better=False)
         'within noise'
         >>> verdict([100, 130, 160], [90, 120, 150], higher_is_better=False)
+        'too noisy'
+        >>> verdict([100, 105, 110], [108, 111, 114], higher_is_better=False)   # 6 % slower, noise 10 %: cannot tell
         'too noisy'
 
     Taught in notebooks/02_graph_mode.ipynb.
@@ -213,7 +218,7 @@ def verdict(base: list[float], cand: list[float], higher_is_better: bool = True,
     delta = (cm - bm) if higher_is_better else (bm - cm)
     if abs(delta) > noise:
         return "win" if delta > 0 else "regression"
-    return "within noise" if noise < TIGHT_BAND * abs(bm) else "too noisy"
+    return "within noise" if abs(delta) + noise < TIGHT_BAND * abs(bm) else "too noisy"
 
 
 def _log_ratios(base: list[float], cand: list[float], aa: list[float], where: str) -> tuple[list, list]:
@@ -263,8 +268,9 @@ def decide(base: list[float], cand: list[float], aa: list[float], higher_is_bett
     ratios, or from the candidate's own spread around its median (1.4826 x median |d_r - median d|) where that is
     wider: a candidate that scatters more than its A/A copy is not decided on the copy's calm. Then:
     'win' ('regression') when the median d_r clears the band in the good (bad) direction and every round but one in
-    six agrees on that direction, whatever the A/A pair did; otherwise 'within noise' when the band is under TIGHT_BAND (15 %), else 'too noisy' (this machine could
-    not tell: that is not a contradiction of anything, and callers must not fail on it).
+    six agrees on that direction, whatever the A/A pair did; otherwise 'within noise' when the median effect and
+    the band together stay under TIGHT_BAND (15 %), so that any real change is smaller than that; else 'too noisy'
+    (this machine could not tell: that is not a contradiction of anything, and callers must not fail on it).
     Returns (verdict, band as a relative change).
 
         >>> decide([10, 11, 12], [8, 8.9, 9.5], [10.2, 10.9, 12.1], higher_is_better=False)[0]
@@ -279,6 +285,8 @@ def decide(base: list[float], cand: list[float], aa: list[float], higher_is_bett
         'win'
         >>> decide([10, 10, 10], [11, 9, 10.5], [13, 8, 11], higher_is_better=False)[0]
         'too noisy'
+        >>> decide([10] * 4, [9.0, 9.2, 8.8, 9.1], [9.5, 10.5, 10.5, 9.5])   # -9 % inside a ±12 % band: could be -20 %
+        ('too noisy', 0.123...)
 
     Taught in: no notebook; report.py (claim_timing) calls it.
     """
@@ -291,7 +299,7 @@ def decide(base: list[float], cand: list[float], aa: list[float], higher_is_bett
     rel = math.exp(band) - 1
     if abs(md) > band and sum((x > 0) != (md > 0) for x in d) <= len(d) // 6:
         return ("win" if md > 0 else "regression"), rel
-    return ("within noise" if rel < TIGHT_BAND else "too noisy"), rel
+    return ("within noise" if abs(md) + band < math.log(1 + TIGHT_BAND) else "too noisy"), rel
 
 
 def paired_verdict(base: list[float], cand: list[float], aa: list[float], higher_is_better: bool = True,
@@ -332,7 +340,7 @@ def compare_interleaved(candidates: dict[str, Any], rounds: int = 3, *, baseline
     Verdicts (`verdict()`): 'win', 'within noise' or 'regression' against `baseline` (default: the first).
     aa_control: also run the baseline a second time, as the candidate "<baseline> (A/A)", in the same rotation.
         Verdicts are then `decide`'s: per-round ratios to the baseline against the band the A/A pair shows in
-        the same run ('win', 'regression', 'within noise' under a ±15 % band, else 'too noisy'). An effect that
+        the same run ('win', 'regression', 'within noise' when effect and band stay under ±15 %, else 'too noisy'). An effect that
         clears the band is decided even when the A/A copies differ a little. `band[metric]` is the A/A band
         (`aa_band`, a relative change, at least 2 %); `too_noisy[metric]` is True when some candidate's verdict on
         it is 'too noisy': this machine could not tell, which is no result and no failure. A dict instead of True

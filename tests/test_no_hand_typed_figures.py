@@ -60,6 +60,8 @@ CODE_VALUES = [
      .parameters["rel_tol"].default == 1e-4),
     ("measurements.md", "(σ 10 % between rounds)", "bench/sim_verdicts.py's round drift (gauss sigma 0.1)",
      lambda: "rng.gauss(0, 0.1)" in (ROOT / "bench" / "sim_verdicts.py").read_text()),
+    ("measurements.md", "says any change is under ±15 %", "timing.TIGHT_BAND, the bound 'within noise' states",
+     lambda: _code_value("mshelpers.timing", "TIGHT_BAND") == 0.15),
 ]
 
 
