@@ -593,7 +593,8 @@ def stage_collectives(cfg: Config, i: int) -> dict[str, tuple[float, float, str]
           2 on stage 0 for a vocabulary embedding split over tp
       EP  all-to-alls of every routed slot, filled or not: 4 per MoE layer, 2 more per recomputed one (the
           all-gather dispatcher: each rank's tokens gathered, and the outputs reduce-scattered back, as often)
-      CP  Ulysses: all-to-alls of the activations (as TP's count); ring: the local K and V passed cp - 1 times
+      CP  Ulysses: all-to-alls of the activations of the rank's own heads, hidden / tp wide (as TP's count);
+          ring: the local K and V of the rank's own KV heads (kv_heads / tp, at least one) passed cp - 1 times
           for the forward, twice for the backward and once per recomputed layer
       PP  the activations on to the next stage and their gradients back to the one before, per chunk
     Taught in: no notebook; doctor/adapt.py calls it.
@@ -620,10 +621,15 @@ def stage_collectives(cfg: Config, i: int) -> dict[str, tuple[float, float, str]
         else:                                   # every routed slot, filled or not
             out["EP"] = (count, local * m.moe.slots() * m.hidden * 2, "all_to_all")
     if lay.cp > 1:
-        if lay.cp_kind == "ulysses":
-            out["CP"] = (8 * n + 4 * n_full, act_bytes, "all_to_all")
+        if lay.cp_kind == "ulysses":     # each tensor-parallel rank swaps the hidden / tp columns of its own heads
+            out["CP"] = (8 * n + 4 * n_full, act_bytes / lay.tp, "all_to_all")
         else:
-            kv = tokens_micro * (m.kv_heads * m.head_dim if m.attention != "mla" else m.kv_lora_rank + m.qk_rope_dim)
+            # each tensor-parallel rank runs its own ring over the KV heads it holds: kv_heads / tp of them, at least
+            # one (Megatron-core splits the query groups over TP, num_query_groups_per_partition, and copies a group
+            # to several ranks when there are fewer groups than ranks; mindformers shards the heads over
+            # model_parallel). MLA's latent is not split by head: every rank passes all of it
+            kv = tokens_micro * (max(m.kv_heads / lay.tp, 1) * m.head_dim if m.attention != "mla"
+                                 else m.kv_lora_rank + m.qk_rope_dim)
             out["CP"] = ((lay.cp - 1) * (3 * n + n_full), 2 * kv * 2, "p2p")     # K and V of the local chunk, 16-bit
     if lay.pp > 1:
         out["PP"] = (2 * lay.vpp, act_bytes / (lay.tp if lay.seq_parallel else 1), "p2p")
