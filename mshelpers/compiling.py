@@ -95,14 +95,17 @@ def shape_sweep(step: Callable[[Any], Any], batches: Iterable[Any], factor: floa
 
 
 def first_steps(preset: str = "mini", steps: int = 3, jit_level: str = "O0", seed: int = 0,
-                **cfg_changes: Any) -> dict:
+                compile_cache: str | None = None, **cfg_changes: Any) -> dict:
     """Train `steps` GRAPH_MODE steps of the preset with `nn.TrainOneStepCell` at `jit_level`;
     return {"jit_level", "first_step_s", "first_step_cpu_s", "steady_step_s", "final_loss",
     "setup_s"}.
 
-    Run it through `run_isolated` (fresh process): the compile cache
-    (MS_COMPILER_CACHE_ENABLE / MS_COMPILER_CACHE_PATH) is read at start-up, and a second
-    compile in the same process would hit MindSpore's in-memory graph cache.
+    Run it through `run_isolated` (fresh process): MindSpore's compile cache
+    (MS_COMPILER_CACHE_ENABLE / MS_COMPILER_CACHE_PATH) is read at a process's first compile, and a
+    second compile in the same process would hit MindSpore's in-memory graph cache.
+    compile_cache: a folder: the step compiles through `train.compile_cache` (the two variables, set in
+        this process before its first compile, one subfolder per graph), so the run can be forked from a
+        server that imported MindSpore already (`run_isolated(..., forkserver_preload=...)`).
     Taught in notebooks/02_graph_mode.ipynb.
     """
     if jit_level not in JIT_LEVELS:
@@ -110,21 +113,32 @@ def first_steps(preset: str = "mini", steps: int = 3, jit_level: str = "O0", see
     if not isinstance(steps, int) or steps < 2:
         raise ValueError(f"first_steps: steps={steps!r} must be an int >= 2 (one compile step, one steady step)")
     t0 = time.perf_counter()
-    import mindspore as ms
-    from mindspore import nn
+    import mindspore  # noqa: F401 - imported here so that setup_s counts it
 
     if __package__:
         from .config import RunConfig
         from .data import numpy_batches
         from .device import setup
         from .model import build_model
+        from .train import compile_cache as cache_for
     else:  # copied beside its siblings as plain files
         from config import RunConfig
         from data import numpy_batches
         from device import setup
         from model import build_model
+        from train import compile_cache as cache_for
 
     cfg = RunConfig.preset(preset).replace(mode="graph", seed=seed, **cfg_changes)
+    with cache_for(cfg, compile_cache, {"jit_level": jit_level}):
+        return _time_first_steps(cfg, steps, jit_level, seed, t0, setup, build_model, numpy_batches)
+
+
+def _time_first_steps(cfg: Any, steps: int, jit_level: str, seed: int, t0: float, setup: Callable,
+                      build_model: Callable, numpy_batches: Callable) -> dict:
+    """first_steps' body: build, then time `steps` steps (the first compiles, or loads the compile cache)."""
+    import mindspore as ms
+    from mindspore import nn
+
     setup(mode="graph", seed=seed)
     net = build_model(cfg)
     train_cell = nn.TrainOneStepCell(net, nn.AdamWeightDecay(net.trainable_params(), cfg.lr))
@@ -220,12 +234,15 @@ def count_kernels(ir_dir: Any) -> dict:
 
 
 def fusion_steps(preset: str = "tiny", steps: int = 4, jit_level: str = "O0", seed: int = 0, *,
-                 ir_dir: Any) -> dict:
+                 ir_dir: Any, compile_env: dict | None = None) -> dict:
     """`first_steps` in `ir_dir` (the working folder, where AKG also keeps its kernel cache), then
     `count_kernels(ir_dir)`: {first_step_s, steady_step_s, final_loss, kernels, fused_kernels}.
 
-    Run it with `run_isolated(..., env=ir_dump_env(ir_dir))`, plus MS_DEV_GRAPH_KERNEL_FLAGS
-    (e.g. "--opt_level=1") to switch graph-kernel fusion on. Old IR in `ir_dir` is removed first.
+    Run it in a fresh process with `ir_dump_env(ir_dir)`, plus MS_DEV_GRAPH_KERNEL_FLAGS
+    (e.g. "--opt_level=1") to switch graph-kernel fusion on: either `run_isolated(..., env=...)` (spawned),
+    or `compile_env=` here, which sets them in this process before its first compile. MindSpore 2.9 reads these
+    four at compile time, so a child forked from a server that imported MindSpore already
+    (`run_isolated(..., forkserver_preload=...)`) still dumps and fuses. Old IR in `ir_dir` is removed first.
     Meant for a fresh process only: it changes the working folder and sends the process's
     stdout/stderr to <ir_dir>/output.log.
     Taught in notebooks/02_graph_mode.ipynb.
@@ -233,6 +250,12 @@ def fusion_steps(preset: str = "tiny", steps: int = 4, jit_level: str = "O0", se
     import os
     import shutil
     from pathlib import Path
+    env_ok = compile_env is None or (isinstance(compile_env, dict) and
+                                     all(isinstance(k, str) and isinstance(v, str) for k, v in compile_env.items()))
+    if not env_ok:
+        raise ValueError(f"fusion_steps: compile_env={compile_env!r} is invalid; fix: a dict of variable names to "
+                         "string values")
+    os.environ.update(compile_env or {})
     d = Path(ir_dir)
     shutil.rmtree(d / "actor_set", ignore_errors=True)
     d.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mshelpers.compiling import (bucket_length, capture_compile_error, count_kernels, first_steps, ir_dump_env,
-                                 pad_to_bucket, shape_sweep)
+from mshelpers.compiling import (bucket_length, capture_compile_error, count_kernels, first_steps, fusion_steps,
+                                 ir_dump_env, pad_to_bucket, shape_sweep)
 
 
 def test_bucket_length_picks_smallest_bucket_that_fits():
@@ -44,6 +44,15 @@ def test_shape_sweep_flags_slow_first_calls_per_shape():
 def test_first_steps_rejects_bad_jit_level_before_any_work():
     with pytest.raises(ValueError, match="jit_level='O3'"):
         first_steps("tiny", jit_level="O3")
+
+
+@pytest.mark.parametrize("env", [{"MS_DEV_SAVE_GRAPHS": 1}, [("MS_DEV_SAVE_GRAPHS", "1")]])
+def test_fusion_steps_refuses_an_env_it_cannot_set_before_any_work(tmp_path, env):
+    import os
+    cwd = os.getcwd()
+    with pytest.raises(ValueError, match="fusion_steps: compile_env=.*fix: a dict"):
+        fusion_steps("tiny", ir_dir=tmp_path / "ir", compile_env=env)
+    assert os.getcwd() == cwd and not (tmp_path / "ir").exists()      # refused before it moved or wrote anything
 
 
 def test_capture_compile_error_reads_first_line_and_source(tmp_path):

@@ -466,7 +466,7 @@ _PLANNER = ("doctor", "memory_activations", "memory_states", "hardware", "pipeli
 NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("amp", "amp_level_run"): (_TRAIN_CHAIN, ""),
     ("amp", "make_scaled_train_step"): (("train_step",), ""),
-    ("compiling", "first_steps"): (("config", "data", "device", "model"), ""),
+    ("compiling", "first_steps"): (("config", "data", "device", "model", "train"), ""),
     ("compiling", "fusion_steps"): (("config", "data", "device", "model"), ""),
     ("doctor", "hardware"): (("peak",), "assert m.hardware('cpu').peak('float32') > 1e9"),
     ("doctor", "memory_per_stage"): (("memory_activations", "memory_states", "pipeline"), """
