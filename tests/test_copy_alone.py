@@ -467,7 +467,7 @@ NEEDS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("amp", "amp_level_run"): (_TRAIN_CHAIN, ""),
     ("amp", "make_scaled_train_step"): (("train_step",), ""),
     ("compiling", "first_steps"): (("config", "data", "device", "model", "train"), ""),
-    ("compiling", "fusion_steps"): (("config", "data", "device", "model"), ""),
+    ("compiling", "fusion_steps"): (("config", "data", "device", "model", "train"), ""),
     ("doctor", "hardware"): (("peak",), "assert m.hardware('cpu').peak('float32') > 1e9"),
     ("doctor", "memory_per_stage"): (("memory_activations", "memory_states", "pipeline"), """
         d = {"model": {"model_config": dict(hidden_size=256, num_layers=4, num_heads=4, vocab_size=1024,
